@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up a virtual environment and run vespo's test suite (the default, fast selection).
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch is pinned to the CPU build this machine carries; the package itself accepts torch >= 2.4.
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[test]"
+# verl pins transformers < 5.11, so its integration test runs in a separate environment.
+if [ -f scripts/setup_verl_env.sh ]; then
+  bash scripts/setup_verl_env.sh
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+set +e
+python -m pytest -q "$@"
+rc=$?
+set -e
+# pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
+exit $rc

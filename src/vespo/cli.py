@@ -1,0 +1,53 @@
+"""The `vespo` command line. Subcommands import their heavy modules only when run.
+
+    vespo train   --config configs/demo.yaml loss.name=gspo staleness.n=32
+    vespo kernels --out DIR          the effective coefficient of every loss vs W
+    vespo eval    ...                avg@k / pass@k of a policy on a dataset or task
+    vespo plot    RUN_DIR...         reward, KL, grad-norm and length curves of runs
+    vespo sweep   ...                the stability lab: a grid of runs
+    vespo report  SWEEP_DIR          tables and figures of a sweep
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module with a `main(argv) -> int`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("vespo.trainer.cli", "train a policy (sync or async) from a YAML config"),
+    "kernels": ("vespo.kernels", "plot each loss's effective coefficient on grad log pi vs W"),
+    "eval": ("vespo.evaluation", "avg@k and pass@k of a policy on a dataset or task"),
+    "plot": ("vespo.plot", "draw the curves of one or more run directories"),
+    "sweep": ("vespo.lab.sweep", "run a grid of experiments (losses x staleness x seeds)"),
+    "report": ("vespo.lab.report", "write the table and figures of a sweep"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: vespo COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`vespo COMMAND --help` shows the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from vespo import __version__
+
+        print(__version__)
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"vespo: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
