@@ -108,9 +108,9 @@ def test_arithmetic_ground_truth_is_the_true_result():
 COUNTDOWN_TRUTH = {"numbers": [3, 5, 8, 1], "target": 24}
 
 
-@pytest.mark.parametrize("completion", ["3*8*1", "3*8", "8*3", " 8 * ( 1 - ( 3 - 5 ) ) ", "(5+1)*(8-3-1)"])
+@pytest.mark.parametrize("completion", ["3*8*1", "3*8", "8*3", " 8 * ( 1 - ( 3 - 5 ) ) ", "8/(1/3)"])
 def test_countdown_accepts_any_valid_expression(completion):
-    # a subset of the numbers is fine; spaces inside are fine; (5+1)*(8-3-1) = 6*4 = 24
+    # a subset of the numbers is fine; spaces inside are fine; 8/(1/3) = 8*3 = 24
     assert get_task("countdown").reward(completion, COUNTDOWN_TRUTH) == 1.0
 
 
