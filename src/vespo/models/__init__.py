@@ -1,0 +1,31 @@
+"""Policy models: the character tokenizer, tiny model factory, loading, and chunked log-probs.
+
+    from vespo.models import build_char_tokenizer, tiny_model, load_policy, save_policy, response_logprobs
+"""
+
+from vespo.models.loading import encode_prompt, load_policy, resolve_dtype, save_policy
+from vespo.models.logprobs import chunked_logprobs, positions_from_mask, response_hidden_states, response_logprobs
+from vespo.models.moe import is_moe, moe_routers, record_routing, replay_routing
+from vespo.models.tiny import ARCHS, SIZES, tiny_config, tiny_model
+from vespo.models.tokenizer import build_char_tokenizer, char_vocab
+
+__all__ = [
+    "ARCHS",
+    "SIZES",
+    "build_char_tokenizer",
+    "char_vocab",
+    "chunked_logprobs",
+    "encode_prompt",
+    "is_moe",
+    "load_policy",
+    "moe_routers",
+    "positions_from_mask",
+    "record_routing",
+    "replay_routing",
+    "resolve_dtype",
+    "response_hidden_states",
+    "response_logprobs",
+    "save_policy",
+    "tiny_config",
+    "tiny_model",
+]

@@ -1,0 +1,99 @@
+"""Tiny, randomly initialised causal LMs built from configs, fully offline.
+
+Dense (Qwen3, Llama) and mixture-of-experts (Qwen3-MoE) models at a few preset sizes, in
+float32, for tests, demos and the lab. Parameter counts with the 57-token character vocabulary:
+
+    size   hidden  layers  heads/kv  head_dim  intermediate   dense params   moe (8 experts, top-2)
+    nano       64       2      4/2        16           128          ~0.08M   ~0.2M
+    xs        128       2      4/2        32           256          ~0.3M    ~0.9M   (the lab default)
+    s         256       4      8/4        32           768          ~3.2M    ~10M
+    m         512       6      8/4        64          1536          ~19M     ~61M
+
+Embeddings are tied. MoE experts use half the dense intermediate size each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+SIZES: dict[str, dict[str, int]] = {
+    "nano": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, intermediate_size=128),
+    "xs": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=32, intermediate_size=256),
+    "s": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+              head_dim=32, intermediate_size=768),
+    "m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+              head_dim=64, intermediate_size=1536),
+}
+
+ARCHS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
+
+MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1)
+
+
+def tiny_config(
+    arch: str = "qwen3",
+    size: str = "xs",
+    vocab_size: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **overrides: Any,
+) -> PretrainedConfig:
+    """The config of a tiny model; ``overrides`` replace any preset or config field."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(sorted(ARCHS))}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of: {', '.join(SIZES)}")
+    if vocab_size is None:
+        if tokenizer is None:
+            raise ValueError("tiny_config needs vocab_size or tokenizer")
+        vocab_size = len(tokenizer)
+    fields: dict[str, Any] = dict(SIZES[size], vocab_size=vocab_size, tie_word_embeddings=True,
+                                  max_position_embeddings=4096, rms_norm_eps=1e-6)
+    if arch == "qwen3_moe":
+        fields.update(MOE_DEFAULTS, moe_intermediate_size=fields["intermediate_size"] // 2)
+    if tokenizer is not None:
+        fields.update(_special_ids(tokenizer))
+    fields.update(overrides)
+    config_cls, _ = ARCHS[arch]
+    return config_cls(**fields)
+
+
+def tiny_model(
+    arch: str = "qwen3",
+    size: str = "xs",
+    vocab_size: int | None = None,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **overrides: Any,
+) -> PreTrainedModel:
+    """A randomly initialised float32 causal LM; the same ``seed`` gives the same weights."""
+    config = tiny_config(arch, size, vocab_size, tokenizer, **overrides)
+    _, model_cls = ARCHS[arch]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.to(torch.float32).eval()
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    """pad/eos/bos ids for the model config, from the tokenizer."""
+    return dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id)
