@@ -1,0 +1,217 @@
+"""The Hugging Face rollout engine: batched sampling with a KV cache and its own decode loop.
+
+The engine owns a private copy of the policy (optionally in bfloat16 or with another attention
+implementation, which is how train–inference mismatch is produced on purpose). Each step it
+samples from ``sampling_logprobs`` and records the exact log-prob of the sampled token, the
+policy version that sampled it and, for MoE models, the experts routed at the position that
+predicted it. Generation can be split: ``start`` → ``advance`` (repeatedly) → ``finish``; when
+``load_weights`` runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so
+far under the new weights before decoding continues.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from vespo.models.loading import resolve_dtype
+from vespo.models.logprobs import positions_from_mask
+from vespo.models.moe import is_moe, record_routing, stack_routing
+from vespo.rollout.base import SamplingParams, sampling_logprobs
+from vespo.types import Rollout
+
+
+@dataclass
+class GenerationState:
+    """A batch mid-generation. Column t of the response lists is the t-th sampled token."""
+
+    prompt_ids: Tensor  # [B, P] int64, left-padded
+    prompt_mask: Tensor  # [B, P] int64
+    sampling: SamplingParams
+    generator: torch.Generator
+    tokens: list[Tensor] = field(default_factory=list)  # T x [B] int64 (pad after a row ended)
+    logprobs: list[Tensor] = field(default_factory=list)  # T x [B] float32
+    versions: list[Tensor] = field(default_factory=list)  # T x [B] int64
+    routing: list[Tensor] = field(default_factory=list)  # T x [B, L, K] int64 (MoE + record_routing)
+    alive: Tensor | None = None  # [B] bool, row has not produced EOS
+    cache: DynamicCache | None = None
+    cache_version: int = -1  # engine version the cache was built with
+    next_logits: Tensor | None = None  # [B, V] float32, predicting the next token; None = decode due
+    next_routing: Tensor | None = None  # [B, L, K], routing at the position behind next_logits
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def done(self) -> bool:
+        return not bool(self.alive.any()) or self.n_generated >= self.sampling.max_new_tokens
+
+
+class HFEngine:
+    """Rollout engine on a Hugging Face causal LM; implements ``RolloutEngine``."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        dtype: str | torch.dtype = "float32",
+        attn_implementation: str | None = None,
+        record_routing: bool = False,
+    ) -> None:
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("HFEngine needs a tokenizer with both pad_token_id and eos_token_id set")
+        self.model = copy.deepcopy(model).to(resolve_dtype(dtype)).eval()  # the engine's own weights
+        self.model.requires_grad_(False)
+        if attn_implementation is not None:
+            self.model.set_attn_implementation(attn_implementation)
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.record_routing = record_routing and is_moe(self.model)
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Copy trainer weights in (cast to the engine dtype); every key must match."""
+        if version < self._version:
+            raise ValueError(f"load_weights version {version} is older than the engine's {self._version}")
+        result = self.model.load_state_dict(state_dict, strict=False)
+        missing = [k for k in result.missing_keys if k not in _tied_keys(self.model)]
+        if missing or result.unexpected_keys:
+            raise KeyError(f"load_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
+        self._version = int(version)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        state = self.start(prompt_ids, sampling, seed)
+        while not self.advance(state, sampling.max_new_tokens):
+            pass
+        return self.finish(state)
+
+    def start(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> GenerationState:
+        ids, mask = self._left_pad(prompt_ids)  # [B, P], [B, P]
+        generator = torch.Generator(device=ids.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        alive = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)  # [B]
+        return GenerationState(prompt_ids=ids, prompt_mask=mask, sampling=sampling, generator=generator, alive=alive)
+
+    @torch.no_grad()
+    def advance(self, state: GenerationState, n_tokens: int) -> bool:
+        for _ in range(n_tokens):
+            if state.done:
+                break
+            logits, routing = self._next_logits(state)
+            self._sample_step(state, logits, routing)
+        return state.done
+
+    def finish(self, state: GenerationState) -> Rollout:
+        B = state.prompt_ids.shape[0]
+        if state.n_generated == 0:
+            raise ValueError("finish() before any token was generated; call advance() first")
+        response_ids = torch.stack(state.tokens, dim=1)  # [B, T]
+        ended = response_ids == self.eos_id
+        # a row's mask covers its tokens up to and including its first EOS
+        response_mask = (ended.long().cumsum(1) - ended.long() == 0).float()  # [B, T]
+        routed = torch.stack(state.routing, dim=1) if state.routing else None  # [B, T, L, K]
+        return Rollout(
+            prompt_ids=state.prompt_ids,
+            prompt_mask=state.prompt_mask,
+            response_ids=response_ids.masked_fill(response_mask == 0, self.pad_id),
+            response_mask=response_mask,
+            logprobs=torch.stack(state.logprobs, dim=1) * response_mask,  # [B, T]
+            truncated=state.alive.clone().reshape(B),
+            version=self._version,
+            token_versions=torch.stack(state.versions, dim=1) * response_mask.long(),  # [B, T]
+            routed_experts=routed,
+        )
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def _next_logits(self, state: GenerationState) -> tuple[Tensor, Tensor | None]:
+        """Logits [B, V] for the next token: re-prefill after a weight update, else decode."""
+        if state.cache_version != self._version:
+            self._prefill(state)
+        elif state.next_logits is None:
+            self._decode(state)
+        return state.next_logits, state.next_routing
+
+    def _prefill(self, state: GenerationState) -> None:
+        """Run prompt + tokens so far through the current weights, building a fresh cache."""
+        ids, mask = state.prompt_ids, state.prompt_mask
+        if state.tokens:
+            ids = torch.cat([ids, torch.stack(state.tokens, dim=1)], dim=1)  # [B, P+t]
+            mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1]:])], dim=1)
+        state.cache = DynamicCache(config=self.model.config)
+        self._forward(state, ids, mask, positions_from_mask(mask))
+        state.cache_version = self._version
+
+    def _decode(self, state: GenerationState) -> None:
+        """One cached step on the last sampled token."""
+        last = state.tokens[-1][:, None]  # [B, 1]
+        mask = torch.ones(last.shape[0], state.prompt_mask.shape[1] + state.n_generated, dtype=torch.long)
+        mask[:, : state.prompt_mask.shape[1]] = state.prompt_mask
+        position = state.prompt_mask.sum(1, keepdim=True) + state.n_generated - 1  # [B, 1]
+        self._forward(state, last, mask, position)
+
+    def _forward(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor) -> None:
+        """Run the engine model; store last-position logits (and routing) on the state."""
+        if self.record_routing:
+            with record_routing(self.model) as records:
+                out = self._call_model(state, ids, mask, positions)
+            state.next_routing = stack_routing(records, ids.shape[0], ids.shape[1])[:, -1]  # [B, L, K]
+        else:
+            out = self._call_model(state, ids, mask, positions)
+        state.next_logits = out.logits[:, -1].float()  # [B, V]
+
+    def _call_model(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor):
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache,
+                          use_cache=True, logits_to_keep=1)
+
+    def _sample_step(self, state: GenerationState, logits: Tensor, routing: Tensor | None) -> None:
+        """Sample one token per row from the processed distribution; record its log-prob."""
+        logp_all = sampling_logprobs(logits, state.sampling)  # [B, V]
+        token = torch.multinomial(logp_all.exp(), 1, generator=state.generator).squeeze(1)  # [B]
+        token = torch.where(state.alive, token, self.pad_id)
+        logp = logp_all.gather(1, token[:, None]).squeeze(1)  # [B]
+        state.tokens.append(token)
+        state.logprobs.append(torch.where(state.alive, logp, 0.0))
+        state.versions.append(torch.full_like(token, self._version))
+        if routing is not None:
+            state.routing.append(routing.long())
+        state.alive = state.alive & (token != self.eos_id)
+        state.next_logits, state.next_routing = None, None
+
+    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Validate prompts and left-pad them: ids [B, P], mask [B, P]."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: give at least one prompt")
+        vocab = self.model.config.vocab_size
+        for i, row in enumerate(prompt_ids):
+            if len(row) == 0:
+                raise ValueError(f"prompt_ids[{i}] is empty")
+            if min(row) < 0 or max(row) >= vocab:
+                raise ValueError(f"prompt_ids[{i}] has a token id outside [0, {vocab})")
+        P = max(len(row) for row in prompt_ids)
+        ids = torch.full((len(prompt_ids), P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), P), dtype=torch.long)
+        for i, row in enumerate(prompt_ids):
+            ids[i, P - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, P - len(row):] = 1
+        return ids, mask
+
+
+def _tied_keys(model: PreTrainedModel) -> set[str]:
+    """Parameter names that alias another parameter (tied embeddings) and may be absent."""
+    seen: dict[int, str] = {}
+    tied: set[str] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    return tied | {"lm_head.weight"} if model.config.tie_word_embeddings else tied

@@ -1,0 +1,125 @@
+"""An optional vLLM rollout engine behind the same ``RolloutEngine`` protocol (``vespo[vllm]``).
+
+vLLM is imported only when a ``VLLMEngine`` is built, so this module imports without it. It asks
+vLLM for the processed log-probs (after temperature / top-k / top-p), which is what the loss needs
+as behavior log-probs. Partial rollouts continue a row by resubmitting prompt + tokens so far
+(vLLM's prefix cache makes that cheap); after ``load_weights`` the next ``advance`` therefore
+runs under the new weights. Needs a CUDA device; tested only where one and vLLM are present.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vespo.rollout.base import SamplingParams
+from vespo.types import Rollout
+
+
+@dataclass
+class VLLMGenerationState:
+    """A batch mid-generation: per-row token, log-prob and version lists."""
+
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    seed: int | None
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)
+    ended: list[bool] = field(default_factory=list)
+
+    def row_done(self, i: int) -> bool:
+        return self.ended[i] or len(self.tokens[i]) >= self.sampling.max_new_tokens
+
+
+class VLLMEngine:
+    """Rollout engine on vLLM; ``model`` is a local HF model directory or a PreTrainedModel."""
+
+    def __init__(self, model, tokenizer, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5, **llm_kwargs):
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError("VLLMEngine needs vLLM: pip install 'vespo[vllm]' (and a CUDA device)") from err
+        if not torch.cuda.is_available():
+            raise RuntimeError("VLLMEngine needs a CUDA device; use HFEngine on CPU")
+        self._vllm = vllm
+        self._tmp = None
+        path = self._model_path(model, tokenizer)
+        self.llm = vllm.LLM(model=str(path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            logprobs_mode="processed_logprobs", **llm_kwargs)
+        self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        weights = [(k, v.detach()) for k, v in state_dict.items()]
+        self.llm.apply_model(lambda m: m.load_weights(weights=weights))
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self._version = int(version)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        state = self.start(prompt_ids, sampling, seed)
+        self.advance(state, sampling.max_new_tokens)
+        return self.finish(state)
+
+    def start(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None):
+        n = len(prompt_ids)
+        return VLLMGenerationState([list(p) for p in prompt_ids], sampling, seed,
+                                   [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)], [False] * n)
+
+    def advance(self, state: VLLMGenerationState, n_tokens: int) -> bool:
+        rows = [i for i in range(len(state.prompts)) if not state.row_done(i)]
+        if rows:
+            requests = [{"prompt_token_ids": state.prompts[i] + state.tokens[i]} for i in rows]
+            params = [self._params(state, i, n_tokens) for i in rows]
+            for i, out in zip(rows, self.llm.generate(requests, params, use_tqdm=False)):
+                self._append(state, i, out.outputs[0])
+        return all(state.row_done(i) for i in range(len(state.prompts)))
+
+    def finish(self, state: VLLMGenerationState) -> Rollout:
+        B, P = len(state.prompts), max(len(p) for p in state.prompts)
+        T = max(1, max(len(t) for t in state.tokens))
+        out = dict(prompt_ids=torch.full((B, P), self.pad_id), prompt_mask=torch.zeros(B, P, dtype=torch.long),
+                   response_ids=torch.full((B, T), self.pad_id), response_mask=torch.zeros(B, T),
+                   logprobs=torch.zeros(B, T), token_versions=torch.zeros(B, T, dtype=torch.long))
+        for i in range(B):
+            p, t = state.prompts[i], state.tokens[i]
+            out["prompt_ids"][i, P - len(p):] = torch.tensor(p)
+            out["prompt_mask"][i, P - len(p):] = 1
+            out["response_ids"][i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            out["response_mask"][i, : len(t)] = 1.0
+            out["logprobs"][i, : len(t)] = torch.tensor(state.logprobs[i])
+            out["token_versions"][i, : len(t)] = torch.tensor(state.versions[i], dtype=torch.long)
+        truncated = torch.tensor([not e for e in state.ended])
+        return Rollout(truncated=truncated, version=self._version, **out)
+
+    def _params(self, state: VLLMGenerationState, i: int, n_tokens: int):
+        s = state.sampling
+        seed = None if state.seed is None else state.seed * 100_003 + i * 1_009 + len(state.tokens[i])
+        return self._vllm.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
+                                         max_tokens=min(n_tokens, s.max_new_tokens - len(state.tokens[i])),
+                                         logprobs=0, seed=seed, stop_token_ids=[self.eos_id])
+
+    def _append(self, state: VLLMGenerationState, i: int, completion) -> None:
+        for tok, lp in zip(completion.token_ids, completion.logprobs):
+            state.tokens[i].append(int(tok))
+            state.logprobs[i].append(float(lp[tok].logprob))
+            state.versions[i].append(self._version)
+            if tok == self.eos_id:
+                state.ended[i] = True
+                break
+
+    def _model_path(self, model, tokenizer) -> Path:
+        if isinstance(model, (str, Path)):
+            return Path(model)
+        self._tmp = tempfile.TemporaryDirectory(prefix="vespo-vllm-")
+        model.save_pretrained(self._tmp.name, safe_serialization=True)
+        tokenizer.save_pretrained(self._tmp.name)
+        return Path(self._tmp.name)
