@@ -1,0 +1,49 @@
+"""Policy losses: VESPO and its baselines as pure functions, behind a registry.
+
+    from vespo.losses import get_loss
+    spec = get_loss("vespo")                       # LossSpec(name, fn, config_cls)
+    cfg = spec.config_cls(k_pos=2.0)               # the loss's options, incl. agg and rollout_correction
+    out = spec.fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)
+    out.loss                                       # [] scalar with grad
+    out.metrics                                    # {"is/ess": tensor(...), "kl/k1": ..., ...}, detached
+
+Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss;
+shared pieces: aggregation.py, rollout_correction.py, diagnostics.py, _checks.py (input checks).
+"""
+
+from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo  # noqa: F401  (each registers itself)
+from vespo.losses.aggregation import AGG_MODES, aggregate
+from vespo.losses.base import LossConfig, sequence_log_weight
+from vespo.losses.cispo import CispoConfig, cispo_loss
+from vespo.losses.grpo import GrpoConfig, grpo_loss
+from vespo.losses.gspo import GspoConfig, gspo_loss
+from vespo.losses.registry import LossSpec, get_loss, loss_names
+from vespo.losses.reinforce import ReinforceConfig, reinforce_loss
+from vespo.losses.rollout_correction import ROLLOUT_CORRECTION_MODES, RolloutCorrection
+from vespo.losses.sapo import SapoConfig, sapo_loss
+from vespo.losses.vespo import VespoConfig, gamma_phi, vespo_loss
+
+__all__ = [
+    "AGG_MODES",
+    "ROLLOUT_CORRECTION_MODES",
+    "CispoConfig",
+    "GrpoConfig",
+    "GspoConfig",
+    "LossConfig",
+    "LossSpec",
+    "ReinforceConfig",
+    "RolloutCorrection",
+    "SapoConfig",
+    "VespoConfig",
+    "aggregate",
+    "cispo_loss",
+    "gamma_phi",
+    "get_loss",
+    "grpo_loss",
+    "gspo_loss",
+    "loss_names",
+    "reinforce_loss",
+    "sapo_loss",
+    "sequence_log_weight",
+    "vespo_loss",
+]

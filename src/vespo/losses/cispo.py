@@ -1,0 +1,63 @@
+"""CISPO: REINFORCE with a clipped, detached token importance weight (SPEC §2).
+
+    r_t = exp(clamp(logp - old_logp, +-20))
+    l_t = -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] * A * logp_t    (eps_low=None: no lower bound)
+    L   = agg(l)                                                     default token-mean
+
+Every token keeps a gradient (the clip only bounds its weight). loss/clip_frac_high|low count
+valid tokens whose weight was truncated at the upper / lower bound, whatever the sign of A.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vespo.losses._checks import prepare_inputs
+from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
+from vespo.losses.diagnostics import clip_metrics
+from vespo.losses.registry import LossSpec, register
+from vespo.types import LossOutput
+
+
+@dataclass
+class CispoConfig(LossConfig):
+    """Clipped importance-sampling weights on a REINFORCE loss (upper bound 1 + eps_high = 5 by default)."""
+
+    agg: str = "token-mean"
+    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    eps_low: float | None = None
+    """Lower bound 1 - eps_low on the weight, eps_low in [0, 1]; None leaves it unbounded below."""
+    eps_high: float = 4.0
+    """Upper bound 1 + eps_high on the weight; >= 0."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eps_low is not None:
+            check_range("eps_low", self.eps_low, 0.0, 1.0)
+        check_range("eps_high", self.eps_high, 0.0, None)
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: CispoConfig,
+    normalizer: float | Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+) -> LossOutput:
+    """-sg[clip(r)] * A * logp per token, aggregated by ``cfg.agg``."""
+    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    ratio = token_ratio(inp).detach()  # [B, T]
+    low = None if cfg.eps_low is None else 1.0 - cfg.eps_low
+    weight = ratio.clamp(min=low, max=1.0 + cfg.eps_high)  # [B, T]
+    loss_mat = apply_rollout_correction(-weight * inp.adv * inp.logp, inp, cfg)
+    below = torch.zeros_like(inp.mask) if low is None else ratio < low
+    metrics = clip_metrics(below, ratio > 1.0 + cfg.eps_high, inp.mask)
+    return finish(loss_mat, inp, cfg, normalizer, metrics)
+
+
+register(LossSpec("cispo", cispo_loss, CispoConfig))

@@ -1,0 +1,120 @@
+"""Diagnostics every loss returns: detached 0-dim tensors, namespaced, reduced by the caller.
+
+    is/log_w_min|p50|p90|max   sequence log-weight log W = sum_t m (logp - old_logp), unclamped
+    is/w_mean                  mean of W, with W clamped to [1e-8, e^20] (VESPO's official range)
+    is/ess                     (sum W)^2 / (n sum W^2), exact in log space, in (0, 1]
+    is/n_seq                   number of sequences with at least one valid token (n)
+    kl/k1, kl/k3               d = old_logp - logp per valid token: mean(d), mean(e^d - 1 - d)
+    rollout/k1, rollout/k3     the same with d = rollout_logp - old_logp (engine vs trainer)
+    loss/clip_frac_low|high    fraction of valid tokens where the lower / upper clip binds
+    vespo/phi_{pos,neg}_{mean,min,max}, vespo/n_pos, vespo/n_neg, vespo/phi_small_frac
+
+Empty selections (no valid sequence, no A<0 sequence, ...) report 0 for every statistic and
+the count key (n_seq, n_pos, n_neg) says how many entries the statistic was taken over, so no
+metric is ever NaN. Quantiles use linear interpolation, as torch.quantile does. Everything is
+computed without host syncs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
+
+KL_D_CLAMP = 20.0  # |d| is clamped before exp in k3 so padding-free but huge log-ratios stay finite
+PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
+
+
+@torch.no_grad()
+def masked_quantile(x: Tensor, valid: Tensor, q: float) -> Tensor:
+    """The q-quantile of x[valid] (linear interpolation); 0 when nothing is valid."""
+    if x.numel() == 0:
+        return x.new_zeros(())
+    values = torch.where(valid, x, torch.full_like(x, math.inf)).flatten().sort().values  # valid ones first
+    n = valid.sum()
+    pos = q * (n - 1).clamp(min=0).to(x.dtype)
+    lo, hi = pos.floor().long(), pos.ceil().long()
+    value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))
+    return torch.where(n > 0, value, x.new_zeros(()))
+
+
+@torch.no_grad()
+def masked_stats(x: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
+    """{prefix}_mean, _min, _max of x[valid]; all 0 when nothing is valid."""
+    n = valid.sum()
+    zero = x.new_zeros(())
+    mean = torch.where(valid, x, zero).sum() / n.clamp(min=1)
+    if x.numel() == 0:
+        return {f"{prefix}_mean": zero, f"{prefix}_min": zero, f"{prefix}_max": zero}
+    lo = torch.where(valid, x, torch.full_like(x, math.inf)).amin()
+    hi = torch.where(valid, x, torch.full_like(x, -math.inf)).amax()
+    return {
+        f"{prefix}_mean": mean,
+        f"{prefix}_min": torch.where(n > 0, lo, zero),
+        f"{prefix}_max": torch.where(n > 0, hi, zero),
+    }
+
+
+@torch.no_grad()
+def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """Distribution of the sequence log-weights ``log_w [B]`` over the ``valid [B]`` sequences."""
+    n = valid.sum()
+    lw = log_w.detach()
+    w = torch.where(valid, lw.clamp(LOG_W_MIN, LOG_W_MAX).exp(), lw.new_zeros(()))  # [B]
+    lw_valid = torch.where(valid, lw, torch.full_like(lw, -math.inf))  # [B]
+    log_ess = 2 * torch.logsumexp(lw_valid, 0) - torch.logsumexp(2 * lw_valid, 0) - n.clamp(min=1).log()
+    zero = lw.new_zeros(())
+    return {
+        "is/log_w_min": masked_quantile(lw, valid, 0.0),
+        "is/log_w_p50": masked_quantile(lw, valid, 0.5),
+        "is/log_w_p90": masked_quantile(lw, valid, 0.9),
+        "is/log_w_max": masked_quantile(lw, valid, 1.0),
+        "is/w_mean": w.sum() / n.clamp(min=1),
+        "is/ess": torch.where(n > 0, log_ess.exp(), zero),
+        "is/n_seq": n.to(lw.dtype),
+    }
+
+
+@torch.no_grad()
+def kl_metrics(d: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
+    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p."""
+    d = torch.where(mask, d.detach(), d.new_zeros(())).clamp(-KL_D_CLAMP, KL_D_CLAMP)  # [B, T]
+    n = mask.sum().clamp(min=1)
+    return {f"{prefix}/k1": d.sum() / n, f"{prefix}/k3": (torch.expm1(d) - d).sum() / n}
+
+
+@torch.no_grad()
+def clip_metrics(low: Tensor, high: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Fraction of valid tokens where the lower / upper clip bound is active (low/high: [B, T] bool)."""
+    n = mask.sum().clamp(min=1)
+    return {
+        "loss/clip_frac_low": (low & mask).sum().to(torch.float32) / n,
+        "loss/clip_frac_high": (high & mask).sum().to(torch.float32) / n,
+    }
+
+
+@torch.no_grad()
+def phi_metrics(phi: Tensor, nonneg_adv: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """VESPO's phi split by the kernel it used (A >= 0: positive pair), over the valid entries."""
+    pos, neg = valid & nonneg_adv, valid & ~nonneg_adv
+    small = ((phi < PHI_SMALL) & valid).sum().to(phi.dtype) / valid.sum().clamp(min=1)
+    return {
+        **masked_stats(phi, pos, "vespo/phi_pos"),
+        **masked_stats(phi, neg, "vespo/phi_neg"),
+        "vespo/n_pos": pos.sum().to(phi.dtype),
+        "vespo/n_neg": neg.sum().to(phi.dtype),
+        "vespo/phi_small_frac": small,
+    }
+
+
+def base_metrics(
+    loss: Tensor, log_w: Tensor, seq_valid: Tensor, log_ratio: Tensor, mask: Tensor, rollout_d: Tensor | None
+) -> dict[str, Tensor]:
+    """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given)."""
+    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid), **kl_metrics(-log_ratio, mask, "kl")}
+    if rollout_d is not None:
+        metrics.update(kl_metrics(rollout_d, mask, "rollout"))
+    return metrics

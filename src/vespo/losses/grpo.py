@@ -1,0 +1,84 @@
+"""GRPO: token-level PPO clipping with asymmetric bounds and a dual clip for A < 0 (SPEC §2).
+
+    r_t = exp(clamp(logp - old_logp, +-20))
+    l_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))
+    l_t = min(l_t, -A c)          for A < 0 (dual clip; disabled with dual_clip_c=None)
+    L   = agg(l)                  default token-mean
+
+loss/clip_frac_high counts tokens with A > 0 and r > 1 + eps_high (the clipped branch wins,
+gradient 0); loss/clip_frac_low counts A < 0 and r < 1 - eps_low. loss/dual_clip_frac counts
+A < 0 tokens where -A c wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vespo.losses._checks import prepare_inputs
+from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
+from vespo.losses.diagnostics import clip_metrics
+from vespo.losses.registry import LossSpec, register
+from vespo.types import LossOutput
+
+
+@dataclass
+class GrpoConfig(LossConfig):
+    """PPO-clip surrogate per token (DAPO's clip-higher is eps_high = 0.28)."""
+
+    agg: str = "token-mean"
+    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    eps_low: float = 0.2
+    """Lower clip: r is clipped at 1 - eps_low; in [0, 1)."""
+    eps_high: float = 0.2
+    """Upper clip: r is clipped at 1 + eps_high; >= 0."""
+    dual_clip_c: float | None = 3.0
+    """Dual clip for A < 0: the loss is capped at -A * c; > 1, or None to disable."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("eps_low", self.eps_low, 0.0, None)
+        if self.eps_low >= 1.0:
+            raise ValueError(f"eps_low must be in [0, 1); got {self.eps_low!r}")
+        check_range("eps_high", self.eps_high, 0.0, None)
+        if self.dual_clip_c is not None:
+            check_range("dual_clip_c", self.dual_clip_c, 1.0, None, lo_open=True)
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GrpoConfig,
+    normalizer: float | Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+) -> LossOutput:
+    """The clipped surrogate max(-A r, -A clip(r)) per token (dual-clipped for A < 0), aggregated."""
+    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    ratio = token_ratio(inp)  # [B, T]
+    loss_mat, metrics = clipped_surrogate(ratio, inp.adv, inp.mask, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
+    return finish(apply_rollout_correction(loss_mat, inp, cfg), inp, cfg, normalizer, metrics)
+
+
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped loss per token [B, T] and its clip fractions; shared with GSPO."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss_mat = torch.maximum(unclipped, clipped)  # [B, T]
+    with torch.no_grad():
+        r = ratio.detach()
+        metrics = clip_metrics((adv < 0) & (r < 1.0 - eps_low), (adv > 0) & (r > 1.0 + eps_high), mask)
+    if dual_clip_c is None:
+        return loss_mat, metrics
+    cap = -adv * dual_clip_c
+    dual = (adv < 0) & (loss_mat > cap)
+    metrics["loss/dual_clip_frac"] = (dual & mask).sum().to(torch.float32) / mask.sum().clamp(min=1)
+    return torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat), metrics
+
+
+register(LossSpec("grpo", grpo_loss, GrpoConfig))

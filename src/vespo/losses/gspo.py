@@ -1,0 +1,64 @@
+"""GSPO: sequence-level, length-normalized importance ratio with PPO clipping (SPEC §2).
+
+    log s_i  = (1/T_i) sum_t m_it (logp_it - old_logp_it)          (T_i >= 1; empty rows get 0)
+    s_it     = exp(min(sg[log s_i] + logp_it - sg[logp_it], 10))   value s_i, gradient s_i * grad logp_it
+    l_it     = max(-A s_it, -A clip(s_it, 1 - eps_low, 1 + eps_high))
+    L        = agg(l)                                             default seq-mean-token-mean
+
+Clip fractions count tokens as in GRPO (A > 0 above the upper bound, A < 0 below the lower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vespo.losses._checks import prepare_inputs
+from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish
+from vespo.losses.grpo import clipped_surrogate
+from vespo.losses.registry import LossSpec, register
+from vespo.types import LossOutput
+
+LOG_S_MAX = 10.0  # the token-form log ratio is clamped at 10 (verl)
+
+
+@dataclass
+class GspoConfig(LossConfig):
+    """Sequence-level clipping of the geometric-mean token ratio."""
+
+    agg: str = "seq-mean-token-mean"
+    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    eps_low: float = 3e-4
+    """Lower clip: s is clipped at 1 - eps_low; in [0, 1)."""
+    eps_high: float = 4e-4
+    """Upper clip: s is clipped at 1 + eps_high; >= 0."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("eps_low", self.eps_low, 0.0, None)
+        if self.eps_low >= 1.0:
+            raise ValueError(f"eps_low must be in [0, 1); got {self.eps_low!r}")
+        check_range("eps_high", self.eps_high, 0.0, None)
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GspoConfig,
+    normalizer: float | Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+) -> LossOutput:
+    """The clipped surrogate on the sequence ratio s_i in its token form, aggregated by ``cfg.agg``."""
+    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    log_s = inp.log_ratio.detach().sum(dim=-1, keepdim=True) / inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    token_log_s = (log_s + inp.logp - inp.logp.detach()).clamp(max=LOG_S_MAX)  # [B, T]
+    ratio = torch.exp(token_log_s)  # [B, T]
+    loss_mat, metrics = clipped_surrogate(ratio, inp.adv, inp.mask, cfg.eps_low, cfg.eps_high, None)
+    return finish(apply_rollout_correction(loss_mat, inp, cfg), inp, cfg, normalizer, metrics)
+
+
+register(LossSpec("gspo", gspo_loss, GspoConfig))

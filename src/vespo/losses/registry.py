@@ -1,0 +1,36 @@
+"""The loss registry: name -> LossSpec(name, fn, config_cls). Add a loss by adding a file that registers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_REGISTRY: dict[str, LossSpec] = {}
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered loss: ``fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)``."""
+
+    name: str
+    fn: Callable
+    config_cls: type
+
+
+def register(spec: LossSpec) -> LossSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"loss {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def loss_names() -> list[str]:
+    """The registered loss names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_loss(name: str) -> LossSpec:
+    """The LossSpec registered under ``name``; an unknown name raises ValueError listing the choices."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(loss_names())}")
+    return _REGISTRY[name]

@@ -1,0 +1,58 @@
+"""SAPO: a soft sigmoid gate on the token ratio instead of a hard clip (SPEC §2).
+
+    r_t    = exp(clamp(logp - old_logp, +-20))
+    f(r)   = sigmoid(tau (r - 1)) * 4 / tau,      tau = tau_pos if A > 0 else tau_neg
+    l_t    = -f(r_t) * A
+    L      = agg(l)                               default seq-mean-token-mean
+
+d l_t / d logp_t = -A * 4 sigmoid(.)(1 - sigmoid(.)) * r_t, which is -A at r = 1 for any tau.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vespo.losses._checks import prepare_inputs
+from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
+from vespo.losses.registry import LossSpec, register
+from vespo.types import LossOutput
+
+
+@dataclass
+class SapoConfig(LossConfig):
+    """Soft adaptive gate temperatures, one for each advantage sign."""
+
+    agg: str = "seq-mean-token-mean"
+    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    tau_pos: float = 1.0
+    """Gate temperature for A > 0; > 0 (larger = sharper gate)."""
+    tau_neg: float = 1.05
+    """Gate temperature for A <= 0; > 0."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("tau_pos", self.tau_pos, 0.0, None, lo_open=True)
+        check_range("tau_neg", self.tau_neg, 0.0, None, lo_open=True)
+
+
+def sapo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: SapoConfig,
+    normalizer: float | Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+) -> LossOutput:
+    """-sigmoid(tau (r - 1)) * 4 / tau * A per token, aggregated by ``cfg.agg``."""
+    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    tau = torch.where(inp.adv > 0, cfg.tau_pos, cfg.tau_neg)  # [B, 1] or [B, T]
+    gate = torch.sigmoid(tau * (token_ratio(inp) - 1.0)) * (4.0 / tau)  # [B, T]
+    loss_mat = apply_rollout_correction(-gate * inp.adv, inp, cfg)
+    return finish(loss_mat, inp, cfg, normalizer, {})
+
+
+register(LossSpec("sapo", sapo_loss, SapoConfig))

@@ -1,0 +1,99 @@
+"""VESPO: REINFORCE scaled by a gamma-shaped kernel of the sequence importance weight (SPEC §1).
+
+    log W_i = clamp( norm( sum_t m_it clamp(logp_it - old_logp_it, +-20) + log w_rc,i ), log 1e-8, 20 )
+    phi(W)  = W^k exp(lam (1 - W)),  log phi = lam + k log W - lam W      (phi(1) = 1, mode k/lam)
+    (k, lam) = (k_pos, lam_pos) if A >= 0 else (k_neg, lam_neg);  lam clamped >= 1e-4
+    L       = agg( -sg[phi(W_i)] * A_i * logp_it )       =>  grad = -phi * A * grad logp / normalizer
+
+norm is the length-normalization ablation: none (the paper's choice), sqrt (/ sqrt T_i) or linear
+(/ T_i). log w_rc is the optional rollout correction log(pi_old / pi_rollout), truncated or masked
+(see rollout_correction.py), added in log space. Non-finite phi is set to 0 (official numerics).
+With token advantages [B, T], (k, lam) are chosen per token by that token's sign, as in TRL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vespo.losses._checks import LossInputs, prepare_inputs
+from vespo.losses.base import TOKEN_LOG_RATIO_CLAMP, LossConfig, check_choice, check_range, finish
+from vespo.losses.diagnostics import phi_metrics
+from vespo.losses.registry import LossSpec, register
+from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
+from vespo.types import LossOutput
+
+LENGTH_NORMS: tuple[str, ...] = ("none", "sqrt", "linear")
+LAMBDA_MIN = 1e-4  # official lower clamp of lambda
+
+
+@dataclass
+class VespoConfig(LossConfig):
+    """The gamma kernel's shape for each advantage sign, and the length-normalization ablation."""
+
+    agg: str = "token-mean"
+    """Aggregation mode: token-mean (official) | seq-mean-token-mean | seq-mean-token-sum."""
+    k_pos: float = 2.0
+    """Kernel power k for A >= 0; >= 0 (phi ~ W^k as W -> 0)."""
+    lambda_pos: float = 3.0
+    """Kernel rate lambda for A >= 0; >= 0 (clamped to >= 1e-4 when used; mode of phi at k/lambda)."""
+    k_neg: float = 3.0
+    """Kernel power k for A < 0; >= 0."""
+    lambda_neg: float = 2.0
+    """Kernel rate lambda for A < 0; >= 0 (clamped to >= 1e-4 when used)."""
+    length_norm: str = "none"
+    """Divide log W by nothing (none, the paper's choice), sqrt(T_i) (sqrt) or T_i (linear)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("k_pos", "lambda_pos", "k_neg", "lambda_neg"):
+            check_range(name, getattr(self, name), 0.0, None)
+        check_choice("length_norm", self.length_norm, LENGTH_NORMS)
+
+
+def vespo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: VespoConfig,
+    normalizer: float | Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+) -> LossOutput:
+    """-sg[phi(W)] * A * logp per token, aggregated by ``cfg.agg``."""
+    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    log_w = vespo_log_weight(inp, cfg)  # [B, 1]
+    phi = gamma_phi(log_w, inp.adv, cfg)  # [B, 1] or [B, T], detached
+    loss_mat = -phi * inp.adv * inp.logp  # [B, T]
+    valid = inp.seq_valid[:, None] if phi.shape[-1] == 1 else inp.mask
+    return finish(loss_mat, inp, cfg, normalizer, phi_metrics(phi, inp.adv >= 0, valid))
+
+
+def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
+    """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
+    token_lr = inp.log_ratio.detach().clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # [B, T]
+    log_w = token_lr.sum(dim=-1, keepdim=True)  # [B, 1]
+    correction = correction_log_weight(inp.old_logp, inp.rollout_logp, inp.mask, cfg.rollout_correction)
+    if correction is not None:
+        log_w = log_w + correction.sum(dim=-1, keepdim=True)
+    lengths = inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    if cfg.length_norm == "sqrt":
+        log_w = log_w / lengths.sqrt()
+    elif cfg.length_norm == "linear":
+        log_w = log_w / lengths
+    return log_w.clamp(LOG_W_MIN, LOG_W_MAX)
+
+
+@torch.no_grad()
+def gamma_phi(log_w: Tensor, adv: Tensor, cfg: VespoConfig) -> Tensor:
+    """phi = exp(lam + k log W - lam W) with (k, lam) picked by the sign of ``adv`` (A >= 0: positive pair)."""
+    nonneg = adv >= 0
+    k = torch.where(nonneg, cfg.k_pos, cfg.k_neg).to(log_w.dtype)
+    lam = torch.where(nonneg, cfg.lambda_pos, cfg.lambda_neg).to(log_w.dtype).clamp(min=LAMBDA_MIN)
+    log_phi = lam + k * log_w - lam * log_w.exp()
+    return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+register(LossSpec("vespo", vespo_loss, VespoConfig))
