@@ -1,0 +1,47 @@
+"""Rewards: the math-verify reward, a batched scorer with time limits, and user rewards by import path.
+
+    from vespo.rewards import math_verify_reward, RewardScorer, load_reward_fn
+    fn = load_reward_fn("my_package.rewards:exact")      # (completion, ground_truth) -> float
+    with RewardScorer(fn, timeout_s=5.0, num_workers=2) as scorer:
+        result = scorer.score(completions, ground_truths)  # ScoreResult(rewards, errors)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from vespo.rewards.scorer import RewardError, RewardFn, RewardScorer, ScoreError, ScoreResult
+
+
+def __getattr__(name: str) -> Any:
+    """`math_verify_reward` is imported on first use: math-verify takes about a second to load.
+    (It is the function of `vespo.rewards.math` itself, so a worker process that unpickles it
+    loads math-verify before it reports ready, not inside the first timed call.)"""
+    if name == "math_verify_reward":
+        from vespo.rewards.math import math_verify_reward
+
+        return math_verify_reward
+    raise AttributeError(f"module 'vespo.rewards' has no attribute {name!r}")
+
+
+def load_reward_fn(path: str) -> RewardFn:
+    """The callable named by "package.module:function" (a dotted attribute path after the colon
+    is followed, e.g. "pkg.mod:obj.method"). Errors name the part of the path that failed."""
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"reward function path must look like 'package.module:function', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"reward function {path!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward function {path!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+__all__ = ["math_verify_reward", "load_reward_fn", "RewardScorer", "ScoreResult", "ScoreError", "RewardError"]
