@@ -49,7 +49,7 @@ def sapo_loss(
 ) -> LossOutput:
     """-sigmoid(tau (r - 1)) * 4 / tau * A per token, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    tau = torch.where(inp.adv > 0, cfg.tau_pos, cfg.tau_neg)  # [B, 1] or [B, T]
+    tau = torch.where(inp.adv > 0, inp.adv.new_tensor(cfg.tau_pos), inp.adv.new_tensor(cfg.tau_neg))  # [B, 1]|[B, T]
     gate = torch.sigmoid(tau * (token_ratio(inp) - 1.0)) * (4.0 / tau)  # [B, T]
     loss_mat = apply_rollout_correction(-gate * inp.adv, inp, cfg)
     return finish(loss_mat, inp, cfg, normalizer, {})

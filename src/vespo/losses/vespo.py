@@ -90,8 +90,9 @@ def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
 def gamma_phi(log_w: Tensor, adv: Tensor, cfg: VespoConfig) -> Tensor:
     """phi = exp(lam + k log W - lam W) with (k, lam) picked by the sign of ``adv`` (A >= 0: positive pair)."""
     nonneg = adv >= 0
-    k = torch.where(nonneg, cfg.k_pos, cfg.k_neg).to(log_w.dtype)
-    lam = torch.where(nonneg, cfg.lambda_pos, cfg.lambda_neg).to(log_w.dtype).clamp(min=LAMBDA_MIN)
+    k = torch.where(nonneg, log_w.new_tensor(cfg.k_pos), log_w.new_tensor(cfg.k_neg))  # [B, 1] or [B, T]
+    lam = torch.where(nonneg, log_w.new_tensor(cfg.lambda_pos), log_w.new_tensor(cfg.lambda_neg))
+    lam = lam.clamp(min=LAMBDA_MIN)
     log_phi = lam + k * log_w - lam * log_w.exp()
     return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 

@@ -1,0 +1,218 @@
+"""Independent float64 references of every policy loss, written from SPEC §1-§2 with the math module.
+
+Each reference walks the batch token by token in plain Python and returns the aggregated loss and
+its ANALYTIC gradient dL/dlogp_it (worked out by hand below, not by autograd), so a test comparing
+it with vespo.losses checks both the forward formula and the backward pass. Inputs are nested
+lists: logp, old_logp, mask [B][T]; advantages [B] or [B][T]; rollout_logp [B][T] or None.
+"""
+
+from __future__ import annotations
+
+import math
+
+TOKEN_CLAMP = 20.0  # token log-ratios are clamped to +-20 before exp
+LOG_W_MIN, LOG_W_MAX = math.log(1e-8), 20.0  # official clamp of VESPO's log W
+LOG_S_MAX = 10.0  # GSPO's token-form log ratio is clamped at 10
+
+
+def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+    """(loss, grad[B][T]) of loss ``name`` under config ``cfg`` (read as plain attributes)."""
+    B, T = len(logp), len(logp[0]) if logp else 0
+    adv = [[_adv(advantages, i, t) for t in range(T)] for i in range(B)]
+    weight = _agg_weights(mask, cfg.agg, normalizer)
+    rc = cfg.rollout_correction
+    corr = _correction_weights(old_logp, rollout_logp, mask, rc) if name != "vespo" else None
+    per_token = TOKEN_FNS[name](logp, old_logp, adv, mask, cfg, rollout_logp)
+    loss, grad = 0.0, [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        for t in range(T):
+            if not mask[i][t]:
+                continue
+            value, dvalue = per_token[i][t]
+            scale = weight[i][t] * (1.0 if corr is None else corr[i][t])
+            loss += value * scale
+            grad[i][t] = dvalue * scale
+    return loss, grad
+
+
+def _adv(advantages, i, t):
+    row = advantages[i]
+    return float(row[t]) if isinstance(row, (list, tuple)) else float(row)
+
+
+# ---- aggregation: the weight of token (i, t) in the scalar loss -------------------------------------
+
+
+def _agg_weights(mask, mode, normalizer):
+    lengths = [sum(1 for m in row if m) for row in mask]
+    n_tokens = normalizer if normalizer is not None else max(sum(lengths), 1)
+    n_seqs = normalizer if normalizer is not None else max(sum(1 for n in lengths if n > 0), 1)
+    weights = []
+    for row, n in zip(mask, lengths):
+        if mode == "token-mean":
+            w = 1.0 / n_tokens
+        elif mode == "seq-mean-token-mean":
+            w = 1.0 / (max(n, 1) * n_seqs)
+        else:  # seq-mean-token-sum
+            w = 1.0 / n_seqs
+        weights.append([w] * len(row))
+    return weights
+
+
+# ---- rollout correction: rho = pi_old / pi_rollout -----------------------------------------------
+
+
+def _correction_weights(old_logp, rollout_logp, mask, rc):
+    """Multiplicative per-token weight (losses other than VESPO)."""
+    B, T = len(old_logp), len(old_logp[0]) if old_logp else 0
+    if rc.mode == "none":
+        return None
+    C = rc.threshold
+    out = [[1.0] * T for _ in range(B)]
+    for i in range(B):
+        log_rhos = [old_logp[i][t] - rollout_logp[i][t] if mask[i][t] else 0.0 for t in range(T)]
+        if rc.mode.endswith("_seq"):
+            log_rhos = [sum(log_rhos)] * T
+        for t in range(T):
+            rho = math.exp(min(log_rhos[t], 700.0))
+            if rc.mode.startswith("tis"):
+                out[i][t] = min(rho, C)
+            else:
+                out[i][t] = rho if rho <= C else 0.0
+    return out
+
+
+def _correction_log_w(old_logp, rollout_logp, mask, rc, i):
+    """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight."""
+    if rc.mode == "none":
+        return 0.0
+    log_c = math.log(rc.threshold)
+    log_rhos = [old_logp[i][t] - rollout_logp[i][t] for t in range(len(mask[i])) if mask[i][t]]
+    if rc.mode.endswith("_seq"):
+        log_rhos = [sum(log_rhos)]
+    total = 0.0
+    for x in log_rhos:
+        if rc.mode.startswith("tis"):
+            x = min(x, log_c)
+        elif x > log_c:  # mis: a masked weight is 0, i.e. log 1e-8 after the clamp
+            x = LOG_W_MIN
+        total += min(max(x, LOG_W_MIN), LOG_W_MAX)
+    return total
+
+
+# ---- per-token (value, d value / d logp) of each loss --------------------------------------------
+
+
+def _ratio(lp, olp):
+    """r = exp(clamp(lr, +-20)) and dr/dlogp (0 where the clamp is active)."""
+    lr = lp - olp
+    r = math.exp(min(max(lr, -TOKEN_CLAMP), TOKEN_CLAMP))
+    return r, (r if -TOKEN_CLAMP < lr < TOKEN_CLAMP else 0.0)
+
+
+def _ppo(r, dr, A, lo, hi, dual_c):
+    """max(-A r, -A clip(r, lo, hi)), then min(., -A c) for A < 0; returns (value, d/dlogp)."""
+    unclipped = -A * r
+    clipped = -A * min(max(r, lo), hi)
+    if unclipped >= clipped:
+        value, d = unclipped, -A * dr
+    else:
+        value, d = clipped, (-A * dr if lo < r < hi else 0.0)
+    if dual_c is not None and A < 0 and value > -A * dual_c:
+        value, d = -A * dual_c, 0.0
+    return value, d
+
+
+def _reinforce(logp, old, adv, mask, cfg, rollout):
+    out = []
+    for i, row in enumerate(logp):
+        log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
+        W = math.exp(min(log_w, LOG_W_MAX))
+        cells = []
+        for t, lp in enumerate(row):
+            r, _ = _ratio(lp, old[i][t])
+            w = {"none": 1.0, "token": r, "sequence": W}[cfg.is_level]
+            cells.append((-w * adv[i][t] * lp, -w * adv[i][t]))
+        out.append(cells)
+    return out
+
+
+def _grpo(logp, old, adv, mask, cfg, rollout):
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    return [
+        [_ppo(*_ratio(lp, old[i][t]), adv[i][t], lo, hi, cfg.dual_clip_c) for t, lp in enumerate(row)]
+        for i, row in enumerate(logp)
+    ]
+
+
+def _gspo(logp, old, adv, mask, cfg, rollout):
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    out = []
+    for i, row in enumerate(logp):
+        n = sum(1 for m in mask[i] if m)
+        log_s = sum(row[t] - old[i][t] for t in range(len(row)) if mask[i][t]) / max(n, 1)
+        s = math.exp(min(log_s, LOG_S_MAX))  # token form: value s_i, d s_it / d logp_it = s_i below the clamp
+        ds = s if log_s < LOG_S_MAX else 0.0
+        out.append([_ppo(s, ds, adv[i][t], lo, hi, None) for t in range(len(row))])
+    return out
+
+
+def _sapo(logp, old, adv, mask, cfg, rollout):
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A = adv[i][t]
+            tau = cfg.tau_pos if A > 0 else cfg.tau_neg
+            r, dr = _ratio(lp, old[i][t])
+            sig = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+            # d/dlogp [-A sig(tau(r-1)) 4/tau] = -A * 4/tau * tau sig (1-sig) * dr
+            cells.append((-sig * 4.0 / tau * A, -A * 4.0 * sig * (1.0 - sig) * dr))
+        out.append(cells)
+    return out
+
+
+def _cispo(logp, old, adv, mask, cfg, rollout):
+    lo = -math.inf if cfg.eps_low is None else 1.0 - cfg.eps_low
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            w = min(max(_ratio(lp, old[i][t])[0], lo), 1.0 + cfg.eps_high)
+            cells.append((-w * adv[i][t] * lp, -w * adv[i][t]))
+        out.append(cells)
+    return out
+
+
+def _vespo(logp, old, adv, mask, cfg, rollout):
+    out = []
+    for i, row in enumerate(logp):
+        n = sum(1 for m in mask[i] if m)
+        log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
+        log_w += _correction_log_w(old, rollout, mask, cfg.rollout_correction, i)
+        log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
+        log_w = min(max(log_w, LOG_W_MIN), LOG_W_MAX)
+        cells = []
+        for t, lp in enumerate(row):
+            A = adv[i][t]
+            phi = vespo_phi(log_w, A, cfg)
+            cells.append((-phi * A * lp, -phi * A))
+        out.append(cells)
+    return out
+
+
+def vespo_phi(log_w, A, cfg):
+    """phi(W) = W^k exp(lam (1 - W)) with the (k, lam) pair of A's sign, computed in log space."""
+    k, lam = (cfg.k_pos, cfg.lambda_pos) if A >= 0 else (cfg.k_neg, cfg.lambda_neg)
+    lam = max(lam, 1e-4)
+    return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+
+TOKEN_FNS = {
+    "reinforce": _reinforce,
+    "grpo": _grpo,
+    "gspo": _gspo,
+    "sapo": _sapo,
+    "cispo": _cispo,
+    "vespo": _vespo,
+}
