@@ -10,6 +10,7 @@ Shapes: B = number of sequences, P = prompt length (left-padded), T = response l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,3 +54,66 @@ class LossOutput:
 
     loss: Tensor  # [] scalar, carries the gradient
     metrics: dict[str, Tensor]  # name -> detached tensor ([] scalar), namespaced ("is/ess", ...)
+
+
+@dataclass
+class TrainBatch:
+    """Scored, versioned samples ready for the learner: one row per response."""
+
+    prompt_ids: Tensor  # [B, P] int64, left-padded
+    prompt_mask: Tensor  # [B, P] int64
+    response_ids: Tensor  # [B, T] int64, right-padded
+    response_mask: Tensor  # [B, T] float32
+    rollout_logp: Tensor  # [B, T] float32, the engine's behavior log-probs
+    rewards: Tensor  # [B] float32
+    advantages: Tensor  # [B] float32, sequence-level
+    group_ids: Tensor  # [B] int64, responses to the same prompt share a group id
+    versions: Tensor  # [B] int64, the oldest policy version that sampled a token of the row
+    versions_max: Tensor  # [B] int64, the newest (differs from `versions` for partial rollouts)
+    truncated: Tensor  # [B] bool
+    old_logp: Tensor | None = None  # [B, T] float32, mu's log-probs used by the loss (set by the learner)
+    routed_experts: Tensor | None = None  # [B, T, L, K] int64
+
+    def __len__(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    def select(self, idx: Tensor) -> "TrainBatch":
+        """The rows ``idx`` [b] (int64 indices), every field sliced alike."""
+        kw = {f: (v[idx] if v is not None else None) for f, v in self._fields().items()}
+        return TrainBatch(**kw)
+
+    def _fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @staticmethod
+    def concat(batches: list["TrainBatch"], pad_id: int) -> "TrainBatch":
+        """Rows of several batches in one, re-padding prompts (left) and responses (right)."""
+        import torch
+
+        if len(batches) == 1:
+            return batches[0]
+        P = max(b.prompt_ids.shape[1] for b in batches)
+        T = max(b.response_ids.shape[1] for b in batches)
+
+        def pad(t: Tensor | None, width: int, left: bool, value: float) -> Tensor | None:
+            if t is None:
+                return None
+            extra = width - t.shape[1]
+            if extra == 0:
+                return t
+            shape = (t.shape[0], extra, *t.shape[2:])
+            filler = torch.full(shape, value, dtype=t.dtype)
+            return torch.cat([filler, t] if left else [t, filler], dim=1)
+
+        out: dict[str, Any] = {}
+        for name in batches[0]._fields():
+            parts = [getattr(b, name) for b in batches]
+            if any(p is None for p in parts):
+                out[name] = None
+                continue
+            if name in ("prompt_ids", "prompt_mask"):
+                parts = [pad(p, P, True, pad_id if name == "prompt_ids" else 0) for p in parts]
+            elif name in ("response_ids", "response_mask", "rollout_logp", "old_logp", "routed_experts"):
+                parts = [pad(p, T, False, pad_id if name == "response_ids" else 0) for p in parts]
+            out[name] = torch.cat(parts, dim=0)
+        return TrainBatch(**out)

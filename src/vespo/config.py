@@ -1,0 +1,342 @@
+"""The run configuration: one dataclass per stage, every field documented and validated.
+
+A config is read from YAML and then patched by command-line overrides written as dotted paths:
+
+    vespo train --config configs/demo.yaml loss.name=gspo staleness.n=32 optim.lr=2e-4
+
+Every field carries its help text and its allowed range in ``metadata``; :func:`validate` checks
+them all and names the field in its error (``staleness.n must be >= 1, got 0``).
+
+Staleness, exactly: one rollout batch of ``rollout.prompts_per_step`` prompts (each with
+``rollout.group_size`` responses) is split into ``staleness.n`` mini-batches, one optimizer step
+each. The policy version counts optimizer steps, so mini-batch j (0-based) is trained when the
+policy is j versions past the weights that sampled it: its lag is j.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def opt(default: Any, help: str, **rules: Any) -> Any:
+    """A dataclass field with its help text and validation rules (ge, gt, le, lt, choices)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **rules})
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = opt(None, "local Hugging Face model directory; None builds a tiny model from `arch`/`size`")
+    arch: str = opt("qwen3", "tiny-model architecture", choices=["qwen3", "llama", "qwen3_moe"])
+    size: str = opt("xs", "tiny-model size preset", choices=["nano", "xs", "s", "m"])
+    dtype: str = opt("float32", "trainer precision", choices=["float32", "bfloat16"])
+    attn_implementation: str | None = opt(None, "attention kernel of the trainer (None: the model's default)")
+
+
+@dataclass
+class TaskConfig:
+    name: str = opt("addition", "built-in task (see `vespo.tasks.task_names()`), used when `dataset` is None")
+    options: dict = opt({}, "keyword options of the built-in task, e.g. {digits: 2}")
+    dataset: str | None = opt(None, "verl-style parquet/jsonl file of training prompts (overrides `name`)")
+    reward: str | None = opt(None, "reward function as 'module:function'; None uses the task's exact reward")
+    train_size: int = opt(20000, "number of built-in task problems generated for the training stream", ge=1)
+    eval_size: int = opt(256, "number of held-out problems for the greedy/sampled evaluation", ge=0)
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = opt(32, "prompts per rollout batch (the paper's gbs)", ge=1)
+    group_size: int = opt(8, "responses sampled per prompt (G)", ge=1)
+    temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs)", gt=0.0)
+    top_p: float = opt(1.0, "nucleus sampling mass; 1.0 is off", gt=0.0, le=1.0)
+    top_k: int = opt(0, "top-k sampling; 0 is off", ge=0)
+    max_new_tokens: int = opt(0, "response length cap; 0 sizes it from the task's longest answer", ge=0)
+    engine_dtype: str = opt("float32", "precision of the rollout engine; bfloat16 gives a real train-inference mismatch",
+                            choices=["float32", "bfloat16"])
+    engine: str = opt("hf", "rollout engine backend", choices=["hf", "vllm"])
+    router_replay: bool = opt(False, "MoE: record the rollout's expert choices and replay them in the training "
+                              "forward pass (R2)")
+
+
+@dataclass
+class StalenessConfig:
+    n: int = opt(8, "mini-batches (optimizer steps) per rollout batch; mini-batch j has version lag j", ge=1)
+    behavior: str = opt("recompute", "behavior policy mu: the trainer's recompute of the rollout-time weights, "
+                        "or the engine's own log-probs", choices=["recompute", "rollout"])
+    shuffle: bool = opt(True, "shuffle prompts (keeping each group together) before splitting into mini-batches")
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: str = opt("grpo", "group baseline: grpo = (R - mean)/(std + eps), mean = R - mean, rloo = leave-one-out",
+                         choices=["grpo", "mean", "rloo"])
+    eps: float = opt(1e-6, "added to the group std", gt=0.0)
+    skip_zero_variance: bool = opt(False, "drop groups whose rewards are all equal (their advantage is 0)")
+
+
+@dataclass
+class LossConfig:
+    name: str = opt("vespo", "policy loss (see `vespo.losses.loss_names()`)")
+    options: dict = opt({}, "options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(1e-4, "AdamW learning rate", gt=0.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
+    beta1: float = opt(0.9, "AdamW beta1", ge=0.0, lt=1.0)
+    beta2: float = opt(0.999, "AdamW beta2", ge=0.0, lt=1.0)
+    grad_clip: float = opt(1.0, "max global gradient norm; 0 disables clipping", ge=0.0)
+    schedule: str = opt("constant", "learning-rate schedule over optimizer steps", choices=["constant", "linear", "cosine"])
+    warmup_steps: int = opt(0, "linear warm-up optimizer steps", ge=0)
+    micro_batch_size: int = opt(0, "sequences per forward/backward; 0 means the whole mini-batch", ge=0)
+
+
+@dataclass
+class WarmStartConfig:
+    enabled: bool = opt(True, "supervised warm start on the task's correct answers before RL (tiny models)")
+    steps: int = opt(200, "supervised steps", ge=0)
+    lr: float = opt(1e-3, "supervised AdamW learning rate", gt=0.0)
+    batch_size: int = opt(128, "supervised batch size", ge=1)
+    cache_dir: str = opt("~/.cache/vespo/warmstart", "where warm-started weights are cached per task, model and seed")
+
+
+@dataclass
+class AsyncConfig:
+    workers: int = opt(1, "rollout worker processes (Ray actors)", ge=1)
+    sync_every: int = opt(4, "learner updates between parameter pushes to the rollout workers (K)", ge=1)
+    max_staleness: int = opt(8, "rollout may run at most this many policy versions ahead of the learner", ge=0)
+    chunk_tokens: int = opt(4, "tokens decoded between weight-update checks (partial rollouts)", ge=1)
+    ray_address: str | None = opt(None, "existing Ray cluster address; None starts a local Ray")
+
+
+@dataclass
+class RunConfig:
+    steps: int = opt(40, "rollout steps (each is N optimizer steps in sync mode)", ge=1)
+    seed: int = opt(0, "seed of data order, sampling and initialization", ge=0)
+    out_dir: str = opt("runs/demo", "run directory: metrics.jsonl, TensorBoard events, checkpoints, summary")
+    mode: str = opt("sync", "training mode", choices=["sync", "async"])
+    checkpoint_every: int = opt(10, "rollout steps between checkpoints; 0 writes one only at the end", ge=0)
+    eval_every: int = opt(0, "rollout steps between evaluations on held-out problems; 0 only before and after", ge=0)
+    max_nonfinite_steps: int = opt(3, "consecutive skipped non-finite updates before the run stops", ge=1)
+    loggers: list = opt(["jsonl", "tensorboard"], "metric sinks: jsonl, tensorboard, wandb")
+    progress: bool = opt(True, "show a rich progress bar")
+    threads: int = opt(0, "torch CPU threads; 0 keeps torch's default", ge=0)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"yaml": "async"})
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def responses_per_step(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def prompts_per_minibatch(self) -> int:
+        return self.rollout.prompts_per_step // self.staleness.n
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or out of its allowed range."""
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML file (or the built-in defaults), apply ``a.b=value`` overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    cfg = from_dict(data)
+    for item in overrides:
+        apply_override(cfg, item)
+    validate(cfg)
+    return cfg
+
+
+def _yaml_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("yaml", f.name)
+
+
+def from_dict(data: dict, cls: type = Config, prefix: str = "") -> Any:
+    """Build a (nested) config dataclass from plain data, rejecting unknown keys by name."""
+    fields = {_yaml_name(f): f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        where = prefix.rstrip(".") or "the config"
+        raise ConfigError(f"unknown field(s) {sorted(unknown)} in {where}; valid: {sorted(fields)}")
+    kwargs = {}
+    for key, value in data.items():
+        f = fields[key]
+        if _is_section(cls, f):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{prefix}{key} must be a mapping, got {value!r}")
+            kwargs[f.name] = from_dict(value, _field_type(cls, f), f"{prefix}{key}.")
+        else:
+            kwargs[f.name] = _coerce(value, _field_type(cls, f), f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def apply_override(cfg: Config, item: str) -> None:
+    """Apply one ``section.field=value`` override; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.field=value")
+    dotted, raw = item.split("=", 1)
+    parts = dotted.strip().split(".")
+    node: Any = cfg
+    for i, part in enumerate(parts):
+        fields = {_yaml_name(f): f for f in dataclasses.fields(node)}
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the config"
+            raise ConfigError(f"unknown field {dotted!r}: {where} has {sorted(fields)}")
+        f = fields[part]
+        if i == len(parts) - 1:
+            if _is_section(type(node), f):
+                raise ConfigError(f"{dotted} is a section; set one of its fields, e.g. {dotted}.<field>=...")
+            value = yaml.safe_load(raw) if raw.strip() else None
+            setattr(node, f.name, _coerce(value, _field_type(type(node), f), dotted))
+        else:
+            if not _is_section(type(node), f):
+                # dict-valued options accept a.b.key=value
+                if isinstance(getattr(node, f.name), dict) and i == len(parts) - 2:
+                    getattr(node, f.name)[parts[-1]] = yaml.safe_load(raw)
+                    return
+                raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section")
+            node = getattr(node, f.name)
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(cls)[f.name]
+
+
+def _is_section(cls: type, f: dataclasses.Field) -> bool:
+    t = _field_type(cls, f)
+    return isinstance(t, type) and dataclasses.is_dataclass(t)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Check (and gently convert int -> float) a value against a field's annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        tp = next(a for a in args if a is not type(None))
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML reads "1e-4" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, float, str, bool, dict, list) and not (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
+        raise ConfigError(f"{name} must be {tp.__name__}, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(cfg: Config) -> Config:
+    """Check every field's range and the cross-field rules; raise ConfigError naming the field."""
+    _validate_section(cfg, "")
+    r, s = cfg.rollout, cfg.staleness
+    if r.prompts_per_step % s.n:
+        raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
+                          "(each mini-batch holds whole groups)")
+    if r.group_size < 2 and cfg.advantage.estimator in ("grpo", "rloo", "mean"):
+        raise ConfigError(f"rollout.group_size must be >= 2 for a group baseline, got {r.group_size}")
+    if cfg.optim.micro_batch_size:
+        per_mb = cfg.prompts_per_minibatch * r.group_size
+        if per_mb % cfg.optim.micro_batch_size:
+            raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the mini-batch "
+                              f"of {per_mb} sequences")
+    bad = [x for x in cfg.run.loggers if x not in ("jsonl", "tensorboard", "wandb")]
+    if bad:
+        raise ConfigError(f"run.loggers has unknown sink(s) {bad}; choose from jsonl, tensorboard, wandb")
+    _validate_loss(cfg.loss)
+    return cfg
+
+
+def _validate_section(node: Any, prefix: str) -> None:
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        name = f"{prefix}{_yaml_name(f)}"
+        if dataclasses.is_dataclass(value):
+            _validate_section(value, name + ".")
+            continue
+        m = f.metadata
+        if value is None:
+            continue
+        if "choices" in m and value not in m["choices"]:
+            raise ConfigError(f"{name} must be one of {m['choices']}, got {value!r}")
+        for rule, ok, text in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                               ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+            if rule in m and not ok(value, m[rule]):
+                raise ConfigError(f"{name} must be {text} {m[rule]}, got {value!r}")
+
+
+def _validate_loss(loss: LossConfig) -> None:
+    from vespo.losses import get_loss
+
+    try:
+        spec = get_loss(loss.name)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"loss.name: {e}") from None
+    try:
+        spec.config_cls(**loss.options)
+    except TypeError as e:
+        valid = [f.name for f in dataclasses.fields(spec.config_cls)]
+        raise ConfigError(f"loss.options for {loss.name!r}: {e}; valid options: {valid}") from None
+    except ValueError as e:
+        raise ConfigError(f"loss.options for {loss.name!r}: {e}") from None
+
+
+# ---------------------------------------------------------------- output
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain data (YAML names) of a config, for run directories and checkpoints."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out[_yaml_name(f)] = to_dict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted name, default, help) of every field, for `vespo train --help-config`."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{_yaml_name(f)}"
+        if _is_section(cls, f):
+            rows += describe(_field_type(cls, f), name + ".")
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            rule = {k: v for k, v in f.metadata.items() if k not in ("help", "yaml")}
+            rows.append((name, default, f.metadata.get("help", "") + (f"  {rule}" if rule else "")))
+    return rows

@@ -1,0 +1,160 @@
+"""The learner: behavior log-probs, one optimizer step per mini-batch, and the non-finite guard.
+
+It knows nothing about where samples come from: the synchronous loop and the asynchronous
+(Ray) trainer feed it the same `TrainBatch`es.
+
+    learner.behavior_logp(batch)   μ = the trainer's own log-probs of the current weights (no grad)
+    learner.update(minibatch)      one AdamW step; returns metric tensors; skips non-finite steps
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from vespo.config import OptimConfig
+from vespo.losses import get_loss
+from vespo.metrics import masked_mean
+from vespo.models import response_logprobs
+from vespo.types import TrainBatch
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict[str, Tensor | float]
+    skipped: bool
+
+
+class Learner:
+    def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
+                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3):
+        self.model = model
+        self.spec = get_loss(loss_name)
+        self.loss_cfg = self.spec.config_cls(**loss_options)
+        self.optim_cfg = optim
+        self.temperature = temperature
+        self.max_nonfinite = max_nonfinite
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                                           weight_decay=optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(optim, total_updates))
+        self.version = 0  # optimizer steps taken = the policy version
+        self.nonfinite_in_a_row = 0
+        self.nonfinite_total = 0
+
+    # ------------------------------------------------------------ behavior policy
+
+    @torch.no_grad()
+    def behavior_logp(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
+        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights."""
+        was_training = self.model.training
+        self.model.eval()
+        logp, entropy = response_logprobs(self.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                          batch.response_mask, temperature=self.temperature, with_entropy=True)
+        self.model.train(was_training)
+        return logp, entropy
+
+    # ------------------------------------------------------------ one optimizer step
+
+    def update(self, mb: TrainBatch) -> UpdateResult:
+        """One optimizer step on mini-batch ``mb`` (its ``old_logp`` must be set)."""
+        if mb.old_logp is None:
+            raise ValueError("mini-batch has no old_logp: set the behavior log-probs before update()")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        normalizer = self._normalizer(mb)
+        loss_sum, metrics = torch.zeros(()), []
+        for micro in self.micro_batches(mb):
+            out = self._loss(micro, normalizer)
+            out.loss.backward()
+            loss_sum = loss_sum + out.loss.detach()
+            metrics.append(out.metrics)
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        reduced = _mean_metrics(metrics)
+        reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0]})
+        if not (torch.isfinite(loss_sum) and torch.isfinite(grad_norm)):
+            return self._skip(reduced)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.version += 1
+        self.nonfinite_in_a_row = 0
+        reduced["optim/skipped"] = 0.0
+        return UpdateResult(reduced, skipped=False)
+
+    def _loss(self, micro: TrainBatch, normalizer: float):
+        logp, _ = response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                    micro.response_mask, temperature=self.temperature, with_entropy=False,
+                                    routed_experts=micro.routed_experts)
+        return self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
+                            normalizer=normalizer, rollout_logp=micro.rollout_logp)
+
+    def _skip(self, metrics: dict) -> UpdateResult:
+        """Drop the gradient of a non-finite step: the weights and optimizer state stay untouched."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_a_row += 1
+        self.nonfinite_total += 1
+        metrics["optim/skipped"] = 1.0
+        if self.nonfinite_in_a_row >= self.max_nonfinite:
+            raise NonFiniteError(f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
+                                 f"(loss={float(metrics['loss/total'])}, grad_norm={float(metrics['optim/grad_norm'])}); "
+                                 "stopping. The last checkpoint holds the weights before them.")
+        return UpdateResult(metrics, skipped=True)
+
+    def _normalizer(self, mb: TrainBatch) -> float:
+        """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch."""
+        valid = mb.response_mask > 0
+        if getattr(self.loss_cfg, "agg", "token-mean") == "token-mean":
+            return float(max(int(valid.sum()), 1))
+        return float(max(int(valid.any(dim=1).sum()), 1))
+
+    def micro_batches(self, mb: TrainBatch):
+        size = self.optim_cfg.micro_batch_size or len(mb)
+        for start in range(0, len(mb), size):
+            yield mb.select(torch.arange(start, min(start + size, len(mb))))
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "version": self.version, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                "nonfinite_total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]
+        self.nonfinite_in_a_row = state["nonfinite_in_a_row"]
+        self.nonfinite_total = state["nonfinite_total"]
+
+
+def _schedule(optim: OptimConfig, total: int):
+    def factor(step: int) -> float:
+        if optim.warmup_steps and step < optim.warmup_steps:
+            return (step + 1) / optim.warmup_steps
+        if optim.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - optim.warmup_steps) / max(1, total - optim.warmup_steps))
+        if optim.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _mean_metrics(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor | float]:
+    """Mean over micro-batches (each micro-batch's diagnostics describe its own rows)."""
+    if len(dicts) == 1:
+        return dict(dicts[0])
+    return {k: torch.stack([d[k].float() for d in dicts if k in d]).mean() for k in dicts[0]}
+
+
+def entropy_mean(entropy: Tensor, mask: Tensor) -> Tensor:
+    return masked_mean(entropy, mask)
