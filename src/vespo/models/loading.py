@@ -32,6 +32,7 @@ def load_policy(
     attn_implementation: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model (eval mode) and tokenizer from a local directory; errors name the path."""
+    torch_dtype = resolve_dtype(dtype)
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"policy path {str(path)!r} is not a directory")
@@ -40,7 +41,7 @@ def load_policy(
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer at {str(path)!r} has no pad token; set tokenizer.pad_token and save it again")
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

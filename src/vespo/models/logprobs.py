@@ -42,7 +42,8 @@ def response_logprobs(
     logp_valid, ent_valid = chunked_logprobs(
         hidden[valid], head.weight, head.bias, response_ids[valid], temperature, chunk_size
     )  # [N], [N]
-    logp = hidden.new_zeros(valid.shape, dtype=torch.float32).masked_scatter(valid, logp_valid)  # [B, T]
+    logp = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)  # [B, T]
+    logp = logp.masked_scatter(valid, logp_valid.float())
     entropy = None
     if with_entropy:
         entropy = torch.zeros_like(logp, requires_grad=False).masked_scatter(valid, ent_valid.detach())
@@ -76,7 +77,10 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
 def chunked_logprobs(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, chunk_size: int
 ) -> tuple[Tensor, Tensor]:
-    """log softmax(hidden @ weight.T + bias)/temperature at targets, and entropy: [N], [N]."""
+    """log softmax((hidden @ weight.T + bias) / temperature) at targets, and entropy: [N], [N].
+
+    Computed in float32 (float64 when hidden is float64); gradients flow to hidden, weight, bias.
+    """
     return _ChunkedLogProb.apply(hidden, weight, bias, targets, temperature, chunk_size)
 
 
@@ -85,7 +89,7 @@ class _ChunkedLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
-        logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # [N]
+        logp = hidden.new_empty(hidden.shape[0], dtype=_compute_dtype(hidden))  # [N]
         entropy = torch.empty_like(logp)  # [N]
         with torch.no_grad():
             for s in range(0, hidden.shape[0], chunk_size):
@@ -102,12 +106,13 @@ class _ChunkedLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
-        w32 = weight.float()
-        grad_h = torch.zeros_like(hidden, dtype=torch.float32) if ctx.needs_input_grad[0] else None
+        dtype = _compute_dtype(hidden)
+        w32 = weight.to(dtype)
+        grad_h = torch.zeros_like(hidden, dtype=dtype) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(w32) if ctx.needs_input_grad[1] else None
-        grad_b = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] else None
+        grad_b = torch.zeros_like(bias, dtype=dtype) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], ctx.chunk_size):
-            h = hidden[s : s + ctx.chunk_size].float()  # [C, H]
+            h = hidden[s : s + ctx.chunk_size].to(dtype)  # [C, H]
             z = _scaled_logits(h, w32, bias, ctx.temperature)  # [C, V]
             # d logp / d z = onehot(target) - softmax(z); d z / d logits = 1 / temperature
             g = -torch.softmax(z, dim=-1)
@@ -123,9 +128,15 @@ class _ChunkedLogProb(torch.autograd.Function):
 
 
 def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    """float32 logits / temperature of one chunk: [C, V]."""
-    b = None if bias is None else bias.float()
-    return F.linear(h.float(), weight.float(), b) / temperature
+    """Logits / temperature of one chunk, in float32 (float64 for float64 inputs): [C, V]."""
+    dtype = _compute_dtype(h)
+    b = None if bias is None else bias.to(dtype)
+    return F.linear(h.to(dtype), weight.to(dtype), b) / temperature
+
+
+def _compute_dtype(h: Tensor) -> torch.dtype:
+    """float32 for half-precision and float32 inputs, float64 for float64 ones."""
+    return torch.promote_types(h.dtype, torch.float32)
 
 
 def _cast(grad: Tensor | None, like: Tensor | None) -> Tensor | None:

@@ -1,0 +1,177 @@
+"""Chunked response log-probs and entropy against naive and float64 references."""
+
+import math
+
+import pytest
+import torch
+
+from vespo.models import (
+    build_char_tokenizer,
+    chunked_logprobs,
+    positions_from_mask,
+    record_routing,
+    response_hidden_states,
+    response_logprobs,
+    tiny_model,
+)
+from vespo.models.moe import stack_routing
+
+
+def test_hand_worked_two_token_vocab():
+    # h = [1], W = [[1], [0]] -> logits z = [1, 0]; lse = log(e + 1) = 1.3132617
+    # logp(token 0) = 1 - 1.3132617 = -0.3132617; logp(token 1) = -1.3132617
+    # entropy = lse - sum(p * z) = 1.3132617 - 0.7310586 * 1 = 0.5822031
+    h = torch.tensor([[1.0], [1.0]])
+    w = torch.tensor([[1.0], [0.0]])
+    logp, ent = chunked_logprobs(h, w, None, torch.tensor([0, 1]), temperature=1.0, chunk_size=1)
+    assert torch.allclose(logp, torch.tensor([-0.3132617, -1.3132617]), atol=1e-6)
+    assert torch.allclose(ent, torch.tensor([0.5822031, 0.5822031]), atol=1e-6)
+    # temperature 2: z = [0.5, 0]; logp(0) = 0.5 - log(e^0.5 + 1) = 0.5 - 0.9740770 = -0.4740770
+    logp2, _ = chunked_logprobs(h[:1], w, None, torch.tensor([0]), temperature=2.0, chunk_size=4)
+    assert math.isclose(logp2.item(), -0.4740770, abs_tol=1e-6)
+
+
+def reference_logprobs(h, w, b, targets, temperature):
+    """Float64 log-softmax and entropy, the obvious way: [N], [N]."""
+    z = (h.double() @ w.double().T + (0 if b is None else b.double())) / temperature  # [N, V]
+    logsm = torch.log_softmax(z, dim=-1)
+    return logsm.gather(-1, targets[:, None]).squeeze(-1), -(logsm.exp() * logsm).sum(-1)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_matches_float64_oracle_values_and_grads(chunk_size, with_bias):
+    g = torch.Generator().manual_seed(chunk_size)
+    N, H, V, temp = 23, 16, 50, 0.7
+    h = torch.randn(N, H, generator=g, requires_grad=True)
+    w = torch.randn(V, H, generator=g).mul(0.5).requires_grad_()
+    b = torch.randn(V, generator=g).requires_grad_() if with_bias else None
+    targets = torch.randint(V, (N,), generator=g)
+    coef = torch.randn(N, generator=g)  # a random upstream gradient
+
+    logp, ent = chunked_logprobs(h, w, b, targets, temp, chunk_size)
+    (logp * coef).sum().backward()
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    ref_logp, ref_ent = reference_logprobs(h64, w64, b64, targets, temp)
+    (ref_logp * coef.double()).sum().backward()
+
+    assert torch.allclose(logp.double(), ref_logp, atol=1e-5)
+    assert torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    assert not ent.requires_grad
+    assert torch.allclose(h.grad.double(), h64.grad, atol=1e-5)
+    assert torch.allclose(w.grad.double(), w64.grad, atol=1e-5)
+    if with_bias:
+        assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)
+
+
+def test_autograd_gradcheck_float64():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.tensor([0, 5, 2, 2, 1])
+    assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs(h, w, None, targets, 1.3, 2)[0], (h, w))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def ragged_batch(vocab: int, seed: int = 0):
+    """Left-padded prompts and right-padded responses of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens, response_lens = [5, 2, 4], [6, 1, 3]
+    P, T = max(prompt_lens), max(response_lens)
+    prompt_ids = torch.zeros(3, P, dtype=torch.long)
+    prompt_mask = torch.zeros(3, P, dtype=torch.long)
+    response_ids = torch.zeros(3, T, dtype=torch.long)
+    response_mask = torch.zeros(3, T)
+    for i, (p, t) in enumerate(zip(prompt_lens, response_lens)):
+        prompt_ids[i, P - p:] = torch.randint(4, vocab, (p,), generator=g)
+        prompt_mask[i, P - p:] = 1
+        response_ids[i, :t] = torch.randint(4, vocab, (t,), generator=g)
+        response_mask[i, :t] = 1
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+def naive_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature):
+    """The whole [B, T, V] float32 log-softmax at once, straight from model(...).logits."""
+    ids = torch.cat([prompt_ids, response_ids], 1)
+    mask = torch.cat([prompt_mask, response_mask.long()], 1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    logsm = torch.log_softmax(logits[:, P - 1 : P + T - 1].float() / temperature, dim=-1)  # [B, T, V]
+    logp = logsm.gather(-1, response_ids[..., None]).squeeze(-1) * response_mask
+    entropy = -(logsm.exp() * logsm).sum(-1) * response_mask
+    return logp, entropy
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "llama"])
+def test_response_logprobs_match_naive_values_and_grads(arch, tok):
+    batch = ragged_batch(len(tok))
+    coef = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (lambda m: response_logprobs(m, *batch, temperature=0.8, chunk_size=3),
+               lambda m: naive_logprobs(m, *batch, temperature=0.8)):
+        model = tiny_model(arch, "nano", tokenizer=tok, seed=2)
+        logp, entropy = fn(model)
+        (logp * coef).sum().backward()
+        results.append((logp.detach(), entropy.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (lp, ent, grads), (lp_ref, ent_ref, grads_ref) = results
+    assert torch.allclose(lp, lp_ref, atol=1e-5)
+    assert torch.allclose(ent, ent_ref, atol=1e-5)
+    assert (lp[batch[3] == 0] == 0).all() and (ent[batch[3] == 0] == 0).all()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grads_ref[name], atol=1e-5), name
+
+
+def test_grad_mode_and_entropy_flag(tok):
+    model = tiny_model("qwen3", "nano", tokenizer=tok)
+    batch = ragged_batch(len(tok))
+    logp, entropy = response_logprobs(model, *batch)
+    assert logp.requires_grad and logp.dtype == torch.float32 and not entropy.requires_grad
+    with torch.no_grad():
+        logp2, none = response_logprobs(model, *batch, with_entropy=False)
+    assert not logp2.requires_grad and none is None
+    assert torch.equal(logp.detach(), logp2)
+
+
+def test_bad_inputs_are_named(tok):
+    model = tiny_model("qwen3", "nano", tokenizer=tok)
+    p_ids, p_mask, r_ids, r_mask = ragged_batch(len(tok))
+    with pytest.raises(ValueError, match="response_mask"):
+        response_logprobs(model, p_ids, p_mask, r_ids, r_mask[:, :2])
+    with pytest.raises(ValueError, match="left-padded"):
+        response_logprobs(model, p_ids, p_mask.flip(1), r_ids, r_mask)
+    with pytest.raises(ValueError, match="temperature"):
+        response_logprobs(model, p_ids, p_mask, r_ids, r_mask, temperature=0.0)
+    with pytest.raises(ValueError, match="routed_experts"):
+        response_logprobs(tiny_model("qwen3_moe", "nano", tokenizer=tok), p_ids, p_mask, r_ids, r_mask,
+                          routed_experts=torch.zeros(3, 2, 2, 2, dtype=torch.long))
+
+
+def recorded_response_routing(model, batch):
+    """Routing the model itself picks at the positions predicting each response token: [B, T, L, K]."""
+    p_ids, _, r_ids, _ = batch
+    with torch.no_grad(), record_routing(model) as records:
+        response_hidden_states(model, *batch)
+    B, P, T = p_ids.shape[0], p_ids.shape[1], r_ids.shape[1]
+    return stack_routing(records, B, P + T)[:, P - 1 : P + T - 1]
+
+
+def test_router_replay_of_own_routing_changes_nothing_and_other_routing_does(tok):
+    model = tiny_model("qwen3_moe", "nano", tokenizer=tok, seed=5)
+    batch = ragged_batch(len(tok))
+    own = recorded_response_routing(model, batch)  # [B, T, L=2, K=2]
+    assert own.shape == (3, 6, 2, 2) and own.max() < 8
+    free, _ = response_logprobs(model, *batch)
+    replayed, _ = response_logprobs(model, *batch, routed_experts=own)
+    assert torch.allclose(free, replayed, atol=1e-6)
+
+    other = (own + 1) % 8  # every token sent to different experts
+    forced, _ = response_logprobs(model, *batch, routed_experts=other)
+    assert (forced - free).abs().max() > 1e-4
+    forced.sum().backward()
+    router = model.model.layers[0].mlp.gate
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
