@@ -38,6 +38,10 @@ USER_REWARDS = textwrap.dedent(
             os._exit(3)
         return exact(completion, ground_truth)
 
+    def sleep_then_exact(completion, ground_truth):
+        time.sleep(1.5)
+        return exact(completion, ground_truth)
+
     def always_raise(completion, ground_truth):
         raise RuntimeError("boom")
 
@@ -138,6 +142,14 @@ def test_timeout_kills_a_hanging_reward_and_keeps_scoring(user_module):
         assert len(scorer._workers) == 2 and all(w.process.is_alive() for w in scorer._workers)
         assert {w.process.pid for w in scorer._workers} != hung_pids  # killed ones were replaced
         assert scorer.score(["5"], ["5"]).rewards == [1.0]  # the replacements work
+
+
+def test_workers_score_in_parallel(user_module):
+    with RewardScorer(load_reward_fn(f"{user_module}:sleep_then_exact"), timeout_s=20.0, num_workers=2) as scorer:
+        scorer.score(["warm", "warm"], ["warm", "warm"])  # both workers started
+        start = time.monotonic()
+        assert scorer.score(["1", "2"], ["1", "3"]).rewards == [1.0, 0.0]
+        assert time.monotonic() - start < 2.9  # two 1.5 s calls side by side, not 3.0 s in a row
 
 
 def test_a_dying_worker_is_reported_and_replaced(user_module):

@@ -268,4 +268,7 @@ class RewardScorer:
 
     def __del__(self) -> None:
         if getattr(self, "_workers", None):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: the workers are daemons and die with us
+                pass
