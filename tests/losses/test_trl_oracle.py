@@ -1,0 +1,94 @@
+"""A peer oracle: TRL's VESPO weights (GRPOTrainer.get_gamma_weights) and its SAPO and CISPO losses.
+
+SAPO and CISPO live inside GRPOTrainer._compute_loss, so the test runs that method on a trainer
+object built without __init__: only the model forward (which returns our log-probs) and the
+single-process accelerator are stand-ins; TRL's loss arithmetic runs as shipped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vespo.losses import get_loss
+
+from .batches import make_batch
+
+trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (pip install vespo[trl])")
+GRPOTrainer = trl_grpo.GRPOTrainer
+
+
+def our_grad(name, batch, **cfg):
+    logp = batch["logp"].clone().requires_grad_(True)
+    spec = get_loss(name)
+    out = spec.fn(logp, batch["old_logp"], batch["advantages"], batch["mask"], spec.config_cls(**cfg))
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    return out, grad
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 3.0])
+def test_vespo_phi_matches_trl_get_gamma_weights(scale):
+    batch = make_batch(B=8, T=9, seed=31, scale=scale, pad="zero")
+    mask, adv = batch["mask"], batch["advantages"]
+    log_ratio = torch.where(mask, batch["logp"] - batch["old_logp"], 0.0)
+    trl_phi = GRPOTrainer.get_gamma_weights(adv[:, None], log_ratio, mask.double(), None)  # [B, 1]
+    _, grad = our_grad("vespo", batch, agg="seq-mean-token-sum")  # grad = -phi A / n_seq per token
+    n_seq = (mask.sum(-1) > 0).sum()
+    our_phi = -grad[:, :1] * n_seq / adv[:, None]
+    valid = mask[:, 0]
+    assert trl_phi[valid].min() < 0.9 or trl_phi[valid].max() > 1.1  # the weights are not all ~1
+    torch.testing.assert_close(our_phi[valid], trl_phi[valid], rtol=1e-9, atol=1e-12)
+
+
+def trl_loss(loss_type, batch, **args):
+    """TRL's own _compute_loss for ``loss_type`` on our inputs; returns (loss, grad wrt logp)."""
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    logp = batch["logp"].clone().requires_grad_(True)
+    mask = batch["mask"].double()
+    trainer.__dict__.update(
+        loss_type=loss_type, top_entropy_quantile=1.0, off_policy_mask_threshold=None, beta=0.0,
+        importance_sampling_level="token", epsilon_low=args.get("epsilon_low", 0.2),
+        epsilon_high=args.get("epsilon_high", 0.2), use_vllm=False, aux_loss_enabled=False,
+        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, _metrics=defaultdict(lambda: defaultdict(list)),
+        model=SimpleNamespace(training=True),
+        accelerator=SimpleNamespace(num_processes=1, reduce=lambda t, reduction="sum": t, gather=lambda t: t),
+        args=SimpleNamespace(sapo_temperature_pos=args.get("tau_pos", 1.0), sapo_temperature_neg=args.get("tau_neg", 1.05),
+                             delta=None, steps_per_generation=1),
+    )
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+    B, T = logp.shape
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
+        "advantages": batch["advantages"], "old_per_token_logps": batch["old_logp"],
+        "num_items_in_batch": mask.sum(),
+    }
+    loss = trainer._compute_loss(None, inputs)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss, grad
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5])
+# TRL builds tau with torch.where on python floats, i.e. in float32, so 1.05 would differ at ~1e-7;
+# temperatures exact in float32 (1.0625 stands in for the default 1.05) compare at 1e-9.
+@pytest.mark.parametrize("taus", [(1.0, 1.0625), (2.0, 0.5)])
+def test_sapo_matches_trl(scale, taus):
+    batch = make_batch(B=6, T=8, seed=32, scale=scale, pad="zero")
+    batch = {k: v[:-1] for k, v in batch.items()}  # TRL's seq mean counts empty rows; drop ours
+    ref_loss, ref_grad = trl_loss("sapo", batch, tau_pos=taus[0], tau_neg=taus[1])
+    out, grad = our_grad("sapo", batch, tau_pos=taus[0], tau_neg=taus[1])
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0])
+def test_cispo_matches_trl(scale):
+    # TRL's epsilon_high for CISPO is the upper bound itself (5.0 = 1 + our eps_high) and has no lower bound
+    batch = make_batch(B=6, T=8, seed=33, scale=scale, pad="zero")
+    ref_loss, ref_grad = trl_loss("cispo", batch, epsilon_high=5.0)
+    out, grad = our_grad("cispo", batch)
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
