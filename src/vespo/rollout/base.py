@@ -37,8 +37,9 @@ class SamplingParams:
 
 
 def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Log-probs [B, V] float32 of the distribution sampled from; -inf outside top-k / top-p."""
-    z = logits.float() / params.temperature  # [B, V]
+    """Log-probs [B, V] (float32, or float64 for float64 logits) of the distribution sampled from;
+    -inf outside top-k / top-p."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature  # [B, V]
     if params.top_k > 0 and params.top_k < z.shape[-1]:
         kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]  # [B, 1]
         z = z.masked_fill(z < kth, float("-inf"))

@@ -1,0 +1,150 @@
+"""The Hugging Face rollout engine: on-policy log-probs, masks, seeding, partial rollouts, routing."""
+
+import pytest
+import torch
+
+from vespo.models import build_char_tokenizer, positions_from_mask, response_logprobs, tiny_model
+from vespo.rollout import HFEngine, RolloutEngine, SamplingParams, sampling_logprobs
+
+PROMPTS = ["12+3=", "7*8=", "(1+2)*3=", "9="]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok.encode(p) for p in PROMPTS]
+
+
+def recompute(model, rollout, temperature=1.0):
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                    rollout.response_mask, temperature=temperature)
+    return logp
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_fp32_engine_logprobs_equal_trainer_recompute(arch, tok, prompts):
+    model = tiny_model(arch, "xs", tokenizer=tok, seed=0)
+    engine = HFEngine(model, tok)
+    assert isinstance(engine, RolloutEngine)
+    rollout = engine.generate(prompts, SamplingParams(temperature=0.9, max_new_tokens=16), seed=0)
+    assert rollout.response_mask.sum() > 0
+    assert torch.allclose(rollout.logprobs, recompute(model, rollout, 0.9), atol=1e-5)
+
+
+def test_bf16_engine_differs_measurably(tok, prompts):
+    model = tiny_model("qwen3", "xs", tokenizer=tok, seed=0)
+    rollout = HFEngine(model, tok, dtype="bfloat16").generate(prompts, SamplingParams(max_new_tokens=16), seed=0)
+    diff = (rollout.logprobs - recompute(model, rollout)).abs()[rollout.response_mask > 0]
+    assert diff.max() > 1e-3  # bf16 rounding shows
+    assert diff.mean() < 0.1  # but it is the same policy
+
+
+def test_top_p_logprobs_are_the_renormalised_distribution(tok, prompts):
+    model = tiny_model("llama", "xs", tokenizer=tok, seed=1)
+    params = SamplingParams(temperature=0.7, top_p=0.3, top_k=20, max_new_tokens=8)
+    rollout = HFEngine(model, tok).generate(prompts, params, seed=3)
+    # rebuild the processed distribution from the trainer's full logits of the same sequences
+    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, rollout.response_mask.long()], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    P, T = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    processed = sampling_logprobs(logits[:, P - 1 : P + T - 1].reshape(-1, logits.shape[-1]).double(), params)
+    expected = processed.gather(1, rollout.response_ids.reshape(-1, 1)).reshape(rollout.response_ids.shape)
+    on = rollout.response_mask > 0
+    assert torch.isfinite(expected[on]).all()  # every sampled token lies inside the nucleus
+    assert torch.allclose(rollout.logprobs[on].double(), expected[on], atol=1e-5)
+    assert (rollout.logprobs[on] > recompute(model, rollout, 0.7)[on] - 1e-6).all()  # renormalised: larger
+
+
+def test_seeded_sampling_is_reproducible(tok, prompts):
+    engine = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok), tok)
+    params = SamplingParams(max_new_tokens=12)
+    a, b = engine.generate(prompts, params, seed=7), engine.generate(prompts, params, seed=7)
+    c = engine.generate(prompts, params, seed=8)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_eos_and_padding_masks_with_ragged_lengths(tok):
+    # a random tiny model is near uniform over 57 tokens, so EOS comes with p ~ 1/57 per step:
+    # within 48 steps about half the rows end, the rest are truncated
+    engine = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok, seed=0), tok)
+    rollout = engine.generate([tok.encode("1+1=")] * 16, SamplingParams(max_new_tokens=48), seed=0)
+    ended = (rollout.response_ids == tok.eos_token_id).any(1)
+    assert ended.any() and (~ended).any()
+    assert torch.equal(rollout.truncated, ~ended)
+    for row in range(16):
+        ids, mask = rollout.response_ids[row], rollout.response_mask[row]
+        n = int(mask.sum())
+        assert (mask[:n] == 1).all() and (mask[n:] == 0).all()
+        if ended[row]:
+            assert ids[n - 1] == tok.eos_token_id and (ids[: n - 1] != tok.eos_token_id).all()
+        else:
+            assert n == 48
+        assert (ids[n:] == tok.pad_token_id).all()
+        assert (rollout.logprobs[row, n:] == 0).all() and (rollout.logprobs[row, :n] < 0).all()
+        assert (rollout.token_versions[row, n:] == 0).all()
+
+
+def test_weight_reload_mid_generation(tok, prompts):
+    old = tiny_model("qwen3", "xs", tokenizer=tok, seed=0)
+    new = tiny_model("qwen3", "xs", tokenizer=tok, seed=1)
+    engine = HFEngine(old, tok)
+    state = engine.start(prompts, SamplingParams(max_new_tokens=10), seed=0)
+    assert engine.advance(state, 4) is False
+    engine.load_weights(new.state_dict(), version=1)
+    while not engine.advance(state, 3):
+        pass
+    rollout = engine.finish(state)
+    assert rollout.version == 1 and engine.version == 1
+    on = rollout.response_mask > 0
+    assert torch.equal(rollout.token_versions[:, :4], on[:, :4].long() * 0)
+    assert torch.equal(rollout.token_versions[:, 4:], on[:, 4:].long())
+    # tokens 0..3 were sampled by the old weights, the rest by the new ones (re-prefilled cache)
+    assert torch.allclose(rollout.logprobs[:, :4], recompute(old, rollout)[:, :4], atol=1e-5)
+    assert torch.allclose(rollout.logprobs[:, 4:], recompute(new, rollout)[:, 4:], atol=1e-5)
+    assert not torch.allclose(rollout.logprobs[:, 4:], recompute(old, rollout)[:, 4:], atol=1e-3)
+
+
+def test_engine_holds_its_own_weights(tok, prompts):
+    model = tiny_model("qwen3", "nano", tokenizer=tok)
+    engine = HFEngine(model, tok)
+    before = engine.generate(prompts, SamplingParams(max_new_tokens=6), seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    after = engine.generate(prompts, SamplingParams(max_new_tokens=6), seed=0)
+    assert torch.equal(before.logprobs, after.logprobs)
+    with pytest.raises(ValueError, match="older"):
+        engine.load_weights(model.state_dict(), version=-1)
+    with pytest.raises(KeyError, match="unexpected"):
+        engine.load_weights({**model.state_dict(), "extra.weight": torch.zeros(1)}, version=1)
+
+
+def test_moe_routing_is_recorded_and_matches_the_trainer(tok, prompts):
+    model = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
+    rollout = HFEngine(model, tok, record_routing=True).generate(prompts, SamplingParams(max_new_tokens=8), seed=0)
+    B, T = rollout.response_ids.shape
+    assert rollout.routed_experts.shape == (B, T, 2, 2) and rollout.routed_experts.dtype == torch.int64
+    assert (rollout.routed_experts >= 0).all() and (rollout.routed_experts < 8).all()
+    # replaying the recorded experts in float32 reproduces the engine's log-probs
+    with torch.no_grad():
+        replayed, _ = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                        rollout.response_mask, routed_experts=rollout.routed_experts)
+    assert torch.allclose(replayed, rollout.logprobs, atol=1e-5)
+    dense = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok), tok, record_routing=True)
+    assert dense.generate(prompts, SamplingParams(max_new_tokens=3), seed=0).routed_experts is None
+
+
+def test_bad_prompts_are_named(tok):
+    engine = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok), tok)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
+        engine.generate([[5], []], SamplingParams())
+    with pytest.raises(ValueError, match=r"prompt_ids\[0\] has a token id outside"):
+        engine.generate([[999]], SamplingParams())
