@@ -40,7 +40,7 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     model.eval()
-    stats = {"warmstart/final_loss": float(loss), "warmstart/steps": float(ws.steps)}
+    stats = {"warmstart/final_loss": float(loss.detach()), "warmstart/steps": float(ws.steps)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp))

@@ -1,0 +1,65 @@
+"""Config loading, overrides and validation errors that name the field."""
+
+import pytest
+
+from vespo.config import Config, ConfigError, describe, load_config, to_dict
+
+
+def test_defaults_validate_and_demo_loads():
+    from vespo.trainer.cli import default_config_path
+
+    cfg = load_config(default_config_path())
+    assert cfg.loss.name == "vespo" and cfg.staleness.n == 8
+    assert cfg.prompts_per_minibatch * cfg.staleness.n == cfg.rollout.prompts_per_step
+
+
+def test_overrides_parse_values_by_type(tmp_path):
+    cfg = load_config(None, ["loss.name=gspo", "staleness.n=4", "optim.lr=2e-4", "loss.options.agg=token-mean",
+                             "async.workers=2", "model.path=null"])
+    assert cfg.loss.name == "gspo" and cfg.staleness.n == 4
+    assert cfg.optim.lr == pytest.approx(2e-4) and isinstance(cfg.optim.lr, float)
+    assert cfg.loss.options == {"agg": "token-mean"}
+    assert cfg.async_.workers == 2 and cfg.model.path is None
+
+
+@pytest.mark.parametrize("override, words", [
+    ("staleness.n=0", ["staleness.n", ">= 1", "0"]),
+    ("staleness.n=3", ["staleness.n=3", "prompts_per_step=32"]),
+    ("rollout.top_p=1.5", ["rollout.top_p", "<= 1.0"]),
+    ("staleness.behavior=foo", ["staleness.behavior", "recompute", "rollout"]),
+    ("optim.lr=abc", ["optim.lr", "float"]),
+    ("loss.name=vespoo", ["loss.name", "vespoo", "grpo"]),
+    ("loss.options.k_pos=-1", ["k_pos"]),
+    ("loss.options.nonsense=1", ["nonsense", "valid options"]),
+    ("staleness.m=3", ["staleness.m", "behavior"]),
+    ("run=3", ["run is a section"]),
+    ("noequals", ["section.field=value"]),
+])
+def test_invalid_values_name_the_field(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_yaml_unknown_key_and_bad_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lrr: 1.0\n")
+    with pytest.raises(ConfigError, match=r"lrr.*optim"):
+        load_config(p)
+    p.write_text("optim: 3\n")
+    with pytest.raises(ConfigError, match="optim must be a mapping"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_every_field_is_documented_and_round_trips():
+    rows = describe()
+    assert len(rows) > 40
+    undocumented = [name for name, _, help_ in rows if not help_.strip()]
+    assert undocumented == []
+    from vespo.config import from_dict
+
+    cfg = Config()
+    assert to_dict(from_dict(to_dict(cfg))) == to_dict(cfg)

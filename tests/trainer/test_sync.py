@@ -1,0 +1,121 @@
+"""Real short runs of the synchronous trainer on a tiny policy: staleness bookkeeping, W == 1 on
+policy, the non-finite guard, checkpoints and resume."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from vespo.losses import get_loss
+from vespo.losses.registry import LossSpec, register, loss_names
+from vespo.metrics import read_jsonl
+from vespo.trainer.learner import NonFiniteError
+from vespo.trainer.setup import build
+from vespo.trainer.sync import train, train_step
+
+
+def test_n1_recompute_gives_w_exactly_one(make_cfg):
+    parts = build(make_cfg("staleness.n=1", "staleness.shuffle=false"))
+    metrics = train_step(parts, 0)
+    assert metrics["is/log_w_min"] == 0.0 and metrics["is/log_w_max"] == 0.0
+    assert metrics["is/w_mean"] == 1.0 and metrics["staleness/lag_max"] == 0.0
+    assert parts.learner.version == 1
+
+
+def test_stale_minibatches_have_lags_0_to_n_minus_1(make_cfg):
+    parts = build(make_cfg("staleness.n=4"))
+    seen = []
+    update = parts.learner.update
+
+    def recording_update(mb):  # records the lag of each mini-batch, then runs the real update
+        seen.append(sorted(set((parts.learner.version - mb.versions).tolist())))
+        return update(mb)
+
+    parts.learner.update = recording_update
+    train_step(parts, 0)
+    train_step(parts, 1)
+    assert seen == [[0], [1], [2], [3]] * 2
+    assert parts.learner.version == 8 and parts.engine.version == 8
+
+
+def test_rollout_behavior_uses_engine_logprobs_and_logs_mismatch(make_cfg):
+    parts = build(make_cfg("staleness.n=1", "staleness.behavior=rollout", "rollout.engine_dtype=bfloat16"))
+    metrics = train_step(parts, 0)
+    # bf16 engine vs fp32 trainer: a real mismatch, and W (built on engine log-probs) != 1
+    assert metrics["mismatch/max_abs_diff"] > 1e-4
+    assert metrics["is/log_w_max"] != 0.0 or metrics["is/log_w_min"] != 0.0
+
+
+def _nan_loss_spec():
+    name = "test_nan_on_calls_3_4"
+    if name in loss_names():
+        return get_loss(name)
+    base = get_loss("vespo")
+    calls = {"n": 0}
+
+    def fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+        calls["n"] += 1
+        out = base.fn(logp, old_logp, advantages, mask, cfg, normalizer=normalizer, rollout_logp=rollout_logp)
+        if calls["n"] in (3, 4):
+            out.loss = out.loss * float("nan")
+        return out
+
+    return register(LossSpec(name, fn, base.config_cls))
+
+
+def test_nan_loss_is_skipped_logged_and_weights_untouched(make_cfg):
+    spec = _nan_loss_spec()
+    parts = build(make_cfg(f"loss.name={spec.name}", "staleness.n=2", "run.max_nonfinite_steps=3"))
+    train_step(parts, 0)  # calls 1, 2: fine
+    before = {k: v.clone() for k, v in parts.policy.state_dict().items()}
+    adam_before = {k: v["exp_avg"].clone() for k, v in parts.learner.optimizer.state_dict()["state"].items()}
+    metrics = train_step(parts, 1)  # calls 3, 4: NaN -> both skipped
+    assert metrics["optim/skipped"] == 2.0
+    assert parts.learner.version == 2 and parts.learner.nonfinite_total == 2
+    for k, v in parts.policy.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    for k, v in parts.learner.optimizer.state_dict()["state"].items():
+        assert torch.equal(v["exp_avg"], adam_before[k])
+    metrics = train_step(parts, 2)  # calls 5, 6: fine again, counter reset
+    assert metrics["optim/skipped"] == 0.0 and parts.learner.nonfinite_in_a_row == 0
+    assert all(torch.isfinite(v).all() for v in parts.policy.state_dict().values())
+
+
+def test_too_many_nonfinite_updates_stop_the_run(make_cfg):
+    parts = build(make_cfg("loss.name=vespo", "staleness.n=2", "run.max_nonfinite_steps=1"))
+    parts.learner.spec = LossSpec("always_nan", lambda *a, **k: _nan_out(*a, **k), parts.learner.spec.config_cls)
+    with pytest.raises(NonFiniteError, match="1 consecutive updates had a non-finite"):
+        train_step(parts, 0)
+
+
+def _nan_out(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+    out = get_loss("vespo").fn(logp, old_logp, advantages, mask, cfg, normalizer=normalizer, rollout_logp=rollout_logp)
+    out.loss = out.loss + float("inf")
+    return out
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_resume_is_bit_identical(make_cfg):
+    full = make_cfg("run.steps=4", "run.checkpoint_every=2", out="full")
+    train(full)
+    part = make_cfg("run.steps=2", "run.checkpoint_every=2", out="part")
+    train(part)
+    resumed = make_cfg("run.steps=4", "run.checkpoint_every=2", out="part")
+    train(resumed, resume=True)
+    a = _comparable(read_jsonl(f"{full.run.out_dir}/metrics.jsonl"))
+    b = _comparable(read_jsonl(f"{part.run.out_dir}/metrics.jsonl"))
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert a == b
+    summary = json.loads(open(f"{part.run.out_dir}/summary.json").read())
+    assert summary["policy_version"] == 8
+
+
+def test_a_finished_run_directory_is_not_overwritten(make_cfg):
+    cfg = make_cfg("run.steps=1")
+    train(cfg)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg)
