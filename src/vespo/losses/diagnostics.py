@@ -65,7 +65,8 @@ def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
     lw = log_w.detach()
     w = torch.where(valid, lw.clamp(LOG_W_MIN, LOG_W_MAX).exp(), lw.new_zeros(()))  # [B]
     lw_valid = torch.where(valid, lw, torch.full_like(lw, -math.inf))  # [B]
-    log_ess = 2 * torch.logsumexp(lw_valid, 0) - torch.logsumexp(2 * lw_valid, 0) - n.clamp(min=1).log()
+    log_n = n.clamp(min=1).to(lw.dtype).log()
+    log_ess = 2 * torch.logsumexp(lw_valid, 0) - torch.logsumexp(2 * lw_valid, 0) - log_n
     zero = lw.new_zeros(())
     return {
         "is/log_w_min": masked_quantile(lw, valid, 0.0),
