@@ -1,0 +1,57 @@
+"""The kernel view: coefficients measured through the losses match their closed forms; the CLI writes files."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from vespo.kernels import kernel_curves, main
+
+T = 8
+
+
+@pytest.fixture(scope="module")
+def curves():
+    return kernel_curves(T=T, w_min=1e-2, w_max=1e2, points=41)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_vespo_coefficient_is_phi(curves, sign):
+    W, coef = curves[("vespo", sign)]
+    k, lam = (2.0, 3.0) if sign > 0 else (3.0, 2.0)
+    torch.testing.assert_close(coef, W**k * torch.exp(lam * (1 - W)), rtol=1e-10, atol=1e-14)
+
+
+def test_token_level_coefficients(curves):
+    W, coef = curves[("reinforce", 1.0)]
+    r = W ** (1 / T)
+    torch.testing.assert_close(coef, r, rtol=1e-10, atol=0)  # token IS: coefficient r
+    _, grpo = curves[("grpo", 1.0)]
+    torch.testing.assert_close(grpo, torch.where(r > 1.2, 0.0, r), rtol=1e-10, atol=0)  # A > 0: cut above 1 + eps
+    _, grpo_neg = curves[("grpo", -1.0)]
+    torch.testing.assert_close(grpo_neg, torch.where(r < 0.8, 0.0, r), rtol=1e-10, atol=0)
+    _, sapo = curves[("sapo", 1.0)]
+    sig = torch.sigmoid(r - 1)
+    torch.testing.assert_close(sapo, 4 * sig * (1 - sig) * r, rtol=1e-10, atol=0)
+
+
+def test_every_curve_is_one_at_w_equal_one():
+    curves = kernel_curves(T=T, w_min=0.5, w_max=2.0, points=3)  # middle point is W = 1
+    for key, (W, coef) in curves.items():
+        assert W[1].item() == pytest.approx(1.0)
+        assert coef[1].item() == pytest.approx(1.0, rel=1e-12), key
+
+
+def test_cli_writes_png_and_csv(tmp_path):
+    assert main(["--out", str(tmp_path / "k"), "--T", "4", "--points", "9"]) == 0
+    png, table = tmp_path / "k" / "kernels.png", tmp_path / "k" / "kernels.csv"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader(table.open()))
+    assert len(rows) == 6 * 2 * 9 and {r["adv_sign"] for r in rows} == {"+", "-"}
+    vespo_at_1 = [r for r in rows if r["loss"] == "vespo" and math.isclose(float(r["W"]), 1.0)]
+    assert all(float(r["coef"]) == pytest.approx(1.0) for r in vespo_at_1) and len(vespo_at_1) == 2
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--T", "0"])
