@@ -52,3 +52,8 @@ def test_matches_vespo_losses_directly(result):
     assert set(result["vespo_diff"]) == {"cispo", "grpo", "gspo", "reinforce", "sapo", "vespo"}
     assert max(result["vespo_diff"].values()) < 1e-12
 
+
+
+def test_misspelled_option_names_field_and_choices(result):
+    assert result["unknown_option_error"].startswith("actor.policy_loss.vespo.kpos: unknown option; choose from:")
+    assert "k_pos" in result["unknown_option_error"]

@@ -125,6 +125,19 @@ def check_against_vespo(config) -> dict[str, float]:
     return diffs
 
 
+def unknown_option_error() -> str:
+    """The error a misspelled option raises, as the user sees it."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    old, logp, adv, mask = random_batch(31)
+    config = {"policy_loss": {"vespo": {"kpos": 2.0}}}  # a plain mapping works as a config too
+    try:
+        get_policy_loss_fn("vespo")(old, logp, adv, mask, "token-mean", config, None)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
 def main() -> None:
     from verl.trainer.ppo import core_algos
 
@@ -139,6 +152,7 @@ def main() -> None:
         "options": dict(config.policy_loss.vespo),
         "reference_diff": check_reference(fn, config),
         "vespo_diff": check_against_vespo(config),
+        "unknown_option_error": unknown_option_error(),
     }
     print(json.dumps(result))
 
