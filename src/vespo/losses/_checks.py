@@ -25,11 +25,7 @@ class LossInputs:
     mask: Tensor  # [B, T] bool
     tokens: Tensor  # [B] float, number of valid tokens per sequence
     rollout_logp: Tensor | None  # [B, T] inference-engine log-probs, detached; 0 on padding
-
-    @property
-    def log_ratio(self) -> Tensor:
-        """Token log-ratios log(pi_theta / pi_old), with grad; 0 on padding."""
-        return self.logp - self.old_logp  # [B, T]
+    log_ratio: Tensor  # [B, T] log(pi_theta / pi_old), with grad; 0 on padding
 
     @property
     def seq_valid(self) -> Tensor:
@@ -56,22 +52,25 @@ def prepare_inputs(
     adv = advantages.detach().to(logp.dtype)
     adv_valid = row_valid[:, None] if adv.dim() == 1 else mask_b
     adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    tensors = {"logp": (logp, mask_b), "old_logp": (old_logp, mask_b), "advantages": (adv, adv_valid)}
-    if rollout_logp is not None:
-        tensors["rollout_logp"] = (rollout_logp, mask_b)
-    _check_finite_and_binary(tensors, mask)
     zero = logp.new_zeros(())
+    clean = {
+        "logp": torch.where(mask_b, logp, zero),
+        "old_logp": torch.where(mask_b, old_logp.detach().to(logp.dtype), zero),
+        "advantages": torch.where(adv_valid, adv, zero),
+    }
+    if rollout_logp is not None:
+        clean["rollout_logp"] = torch.where(mask_b, rollout_logp.detach().to(logp.dtype), zero)
+    raw = {"logp": logp, "old_logp": old_logp, "advantages": adv, "rollout_logp": rollout_logp}
+    _check_finite_and_binary(clean, raw, mask_b, adv_valid, mask)
     return LossInputs(
-        logp=torch.where(mask_b, logp, zero),
-        old_logp=torch.where(mask_b, old_logp.detach().to(logp.dtype), zero),
-        adv=torch.where(adv_valid, adv, zero),
+        logp=clean["logp"],
+        old_logp=clean["old_logp"],
+        adv=clean["advantages"],
         mask=mask_b,
         tokens=mask_b.sum(dim=-1).to(logp.dtype),
-        rollout_logp=None
-        if rollout_logp is None
-        else torch.where(mask_b, rollout_logp.detach().to(logp.dtype), zero),
+        rollout_logp=clean.get("rollout_logp"),
+        log_ratio=clean["logp"] - clean["old_logp"],
     )
-
 
 def check_normalizer(normalizer: float | Tensor | None) -> None:
     """An external normalizer must be a positive finite number (python or 1-element tensor)."""
@@ -120,18 +119,20 @@ def _check_advantages(advantages: Tensor, logp: Tensor) -> None:
         raise ValueError(f"advantages is on {advantages.device} but logp is on {logp.device}")
 
 
-def _check_finite_and_binary(tensors: dict[str, tuple[Tensor, Tensor]], mask: Tensor) -> None:
-    """One host sync for all checks; on failure, find and name the offending tensor."""
-    flags = [torch.where(valid, torch.isfinite(x), True).all() for x, valid in tensors.values()]
+def _check_finite_and_binary(
+    clean: dict[str, Tensor], raw: dict[str, Tensor | None], mask_b: Tensor, adv_valid: Tensor, mask: Tensor
+) -> None:
+    """One host sync for all checks: the float32 sum of a cleaned tensor is finite iff its valid
+    entries are (barring overflow, which the slow path below rules out). On failure, name the tensor."""
+    flags = [torch.isfinite(x.sum(dtype=torch.float32)) for x in clean.values()]
     if mask.dtype != torch.bool:
         flags.append(((mask == 0) | (mask == 1)).all())
-    ok = torch.stack(flags)  # [n_checks] bool
-    if bool(ok.all()):
+    if bool(torch.stack(flags).all()):
         return
-    names = list(tensors) + ["mask"]
-    bad = names[int((~ok).nonzero()[0])]
-    if bad == "mask":
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must hold only 0/1 (or be bool)")
-    x, valid = tensors[bad]
-    n_bad = int((valid & ~torch.isfinite(x)).sum())
-    raise ValueError(f"{bad} has {n_bad} NaN/inf value(s) at unmasked positions")
+    for name in clean:
+        valid = adv_valid if name == "advantages" else mask_b
+        n_bad = int((valid & ~torch.isfinite(raw[name])).sum())
+        if n_bad:
+            raise ValueError(f"{name} has {n_bad} NaN/inf value(s) at unmasked positions")

@@ -4,7 +4,7 @@
     is/w_mean                  mean of W, with W clamped to [1e-8, e^20] (VESPO's official range)
     is/ess                     (sum W)^2 / (n sum W^2), exact in log space, in (0, 1]
     is/n_seq                   number of sequences with at least one valid token (n)
-    kl/k1, kl/k3               d = old_logp - logp per valid token: mean(d), mean(e^d - 1 - d)
+    kl/k1, kl/k3               d = old_logp - logp per valid token (clamped to +-20): mean(d), mean(e^d - 1 - d)
     rollout/k1, rollout/k3     the same with d = rollout_logp - old_logp (engine vs trainer)
     loss/clip_frac_low|high    fraction of valid tokens where the lower / upper clip binds
     vespo/phi_{pos,neg}_{mean,min,max}, vespo/n_pos, vespo/n_neg, vespo/phi_small_frac
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
 
-KL_D_CLAMP = 20.0  # |d| is clamped before exp in k3 so padding-free but huge log-ratios stay finite
+KL_D_CLAMP = 20.0  # |d| is clamped to 20 (in k1 and k3) so that huge log-ratios keep k3 finite
 PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
 
 
@@ -81,10 +81,11 @@ def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def kl_metrics(d: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
-    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p."""
-    d = torch.where(mask, d.detach(), d.new_zeros(())).clamp(-KL_D_CLAMP, KL_D_CLAMP)  # [B, T]
+    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p (0 on padding)."""
+    d = d.detach().clamp(-KL_D_CLAMP, KL_D_CLAMP)  # [B, T]; padding holds 0, which adds 0 to both sums
     n = mask.sum().clamp(min=1)
-    return {f"{prefix}/k1": d.sum() / n, f"{prefix}/k3": (torch.expm1(d) - d).sum() / n}
+    k1_sum = d.sum()
+    return {f"{prefix}/k1": k1_sum / n, f"{prefix}/k3": (torch.expm1(d).sum() - k1_sum) / n}
 
 
 @torch.no_grad()

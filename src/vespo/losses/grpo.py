@@ -66,19 +66,24 @@ def grpo_loss(
 def clipped_surrogate(
     ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's clipped loss per token [B, T] and its clip fractions; shared with GSPO."""
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    loss_mat = torch.maximum(unclipped, clipped)  # [B, T]
+    """PPO's clipped loss per token [B, T] and its clip fractions; shared with GSPO.
+
+    max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) is -A min(r, 1 + eps_high) for A > 0 and
+    -A max(r, 1 - eps_low) for A < 0; the dual clip min(., -A c) caps the latter at r = c. So the
+    loss is -A clamp(r, lo, hi) with bounds picked by the sign of A: one clamp instead of two
+    surrogates, a max and a min, with the same values and gradients.
+    """
+    neg = adv < 0  # [B, 1] or [B, T]
+    inf = torch.full_like(adv, torch.inf)
+    lo = torch.where(neg, adv.new_tensor(1.0 - eps_low), -inf)
+    hi = torch.where(neg, inf if dual_clip_c is None else adv.new_tensor(dual_clip_c), adv.new_tensor(1.0 + eps_high))
+    loss_mat = -adv * ratio.clamp(lo, hi)  # [B, T]
     with torch.no_grad():
         r = ratio.detach()
-        metrics = clip_metrics((adv < 0) & (r < 1.0 - eps_low), (adv > 0) & (r > 1.0 + eps_high), mask)
-    if dual_clip_c is None:
-        return loss_mat, metrics
-    cap = -adv * dual_clip_c
-    dual = (adv < 0) & (loss_mat > cap)
-    metrics["loss/dual_clip_frac"] = (dual & mask).sum().to(torch.float32) / mask.sum().clamp(min=1)
-    return torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat), metrics
-
+        metrics = clip_metrics(neg & (r < 1.0 - eps_low), (adv > 0) & (r > 1.0 + eps_high), mask)
+        if dual_clip_c is not None:
+            dual = (neg & (r > dual_clip_c) & mask).sum().to(torch.float32)
+            metrics["loss/dual_clip_frac"] = dual / mask.sum().clamp(min=1)
+    return loss_mat, metrics
 
 register(LossSpec("grpo", grpo_loss, GrpoConfig))
