@@ -3,7 +3,11 @@
 Every loss starts with :func:`prepare_inputs`. It checks the caller's tensors once and returns
 them with masked positions replaced by zeros, so padding may hold anything (-inf, NaN, garbage)
 without reaching the loss or its gradient. Unmasked NaN/inf is an error naming the tensor: real
-data is never silently zeroed. All finiteness checks share one host sync.
+data is never silently zeroed.
+
+Fast path (one host sync): x * mask has a finite float32 sum iff x is finite everywhere (inf * 0
+is NaN), and then x * mask is already the cleaned tensor. Only when some sum is not finite do we
+clean with torch.where (slower) and look for unmasked NaN/inf.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class LossInputs:
     old_logp: Tensor  # [B, T] behavior log-probs, detached; 0 on padding
     adv: Tensor  # [B, 1] (sequence advantages) or [B, T] (token advantages); 0 where masked
     mask: Tensor  # [B, T] bool
+    mask_f: Tensor  # [B, T] the mask in logp's dtype (multiply by it: every cleaned tensor is finite)
     tokens: Tensor  # [B] float, number of valid tokens per sequence
     rollout_logp: Tensor | None  # [B, T] inference-engine log-probs, detached; 0 on padding
     log_ratio: Tensor  # [B, T] log(pi_theta / pi_old), with grad; 0 on padding
@@ -48,26 +53,27 @@ def prepare_inputs(
         _check_same_shape("rollout_logp", rollout_logp, logp)
     _check_advantages(advantages, logp)
     mask_b = mask if mask.dtype == torch.bool else mask != 0  # [B, T]
-    row_valid = mask_b.any(dim=-1)  # [B]
-    adv = advantages.detach().to(logp.dtype)
-    adv_valid = row_valid[:, None] if adv.dim() == 1 else mask_b
-    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    zero = logp.new_zeros(())
-    clean = {
-        "logp": torch.where(mask_b, logp, zero),
-        "old_logp": torch.where(mask_b, old_logp.detach().to(logp.dtype), zero),
-        "advantages": torch.where(adv_valid, adv, zero),
-    }
+    mask_f = mask_b.to(logp.dtype)  # [B, T]
+    tokens = mask_f.sum(dim=-1)  # [B]
+    raw = {"logp": logp, "old_logp": old_logp.detach().to(logp.dtype)}
     if rollout_logp is not None:
-        clean["rollout_logp"] = torch.where(mask_b, rollout_logp.detach().to(logp.dtype), zero)
-    raw = {"logp": logp, "old_logp": old_logp, "advantages": adv, "rollout_logp": rollout_logp}
-    _check_finite_and_binary(clean, raw, mask_b, adv_valid, mask)
+        raw["rollout_logp"] = rollout_logp.detach().to(logp.dtype)
+    adv = advantages.detach().to(logp.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    adv_valid = (tokens > 0)[:, None] if adv.shape[-1] == 1 else mask_b
+    clean = {name: x * mask_f for name, x in raw.items()}
+    clean["advantages"] = torch.where(adv_valid, adv, adv.new_zeros(()))
+    if not _all_finite(clean, mask):
+        clean = {name: torch.where(mask_b, x, x.new_zeros(())) for name, x in raw.items()}
+        clean["advantages"] = torch.where(adv_valid, adv, adv.new_zeros(()))
+        _name_the_culprit({**raw, "advantages": adv}, mask_b, adv_valid, mask)
     return LossInputs(
         logp=clean["logp"],
         old_logp=clean["old_logp"],
         adv=clean["advantages"],
         mask=mask_b,
-        tokens=mask_b.sum(dim=-1).to(logp.dtype),
+        mask_f=mask_f,
+        tokens=tokens,
         rollout_logp=clean.get("rollout_logp"),
         log_ratio=clean["logp"] - clean["old_logp"],
     )
@@ -119,20 +125,20 @@ def _check_advantages(advantages: Tensor, logp: Tensor) -> None:
         raise ValueError(f"advantages is on {advantages.device} but logp is on {logp.device}")
 
 
-def _check_finite_and_binary(
-    clean: dict[str, Tensor], raw: dict[str, Tensor | None], mask_b: Tensor, adv_valid: Tensor, mask: Tensor
-) -> None:
-    """One host sync for all checks: the float32 sum of a cleaned tensor is finite iff its valid
-    entries are (barring overflow, which the slow path below rules out). On failure, name the tensor."""
+def _all_finite(clean: dict[str, Tensor], mask: Tensor) -> bool:
+    """One host sync: every cleaned tensor has a finite float32 sum and the mask is 0/1."""
     flags = [torch.isfinite(x.sum(dtype=torch.float32)) for x in clean.values()]
     if mask.dtype != torch.bool:
         flags.append(((mask == 0) | (mask == 1)).all())
-    if bool(torch.stack(flags).all()):
-        return
+    return bool(torch.stack(flags).all())
+
+
+def _name_the_culprit(raw: dict[str, Tensor], mask_b: Tensor, adv_valid: Tensor, mask: Tensor) -> None:
+    """Slow path: raise for a non-0/1 mask or unmasked NaN/inf; return if only the padding was bad."""
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must hold only 0/1 (or be bool)")
-    for name in clean:
+    for name, x in raw.items():
         valid = adv_valid if name == "advantages" else mask_b
-        n_bad = int((valid & ~torch.isfinite(raw[name])).sum())
+        n_bad = int((valid & ~torch.isfinite(x)).sum())
         if n_bad:
             raise ValueError(f"{name} has {n_bad} NaN/inf value(s) at unmasked positions")

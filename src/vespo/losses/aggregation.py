@@ -34,16 +34,18 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: float | Ten
     check_agg_mode(mode, "mode")
     if loss_mat.shape != mask.shape:
         raise ValueError(f"loss_mat shape {tuple(loss_mat.shape)} does not match mask shape {tuple(mask.shape)}")
-    check_normalizer(normalizer)
     mask_b = mask if mask.dtype == torch.bool else mask != 0
     masked = torch.where(mask_b, loss_mat, loss_mat.new_zeros(()))  # [B, T]
+    return reduce_masked(masked, mask_b.to(loss_mat.dtype).sum(dim=-1), mode, normalizer)
+
+
+def reduce_masked(masked: Tensor, tokens: Tensor, mode: str, normalizer: float | Tensor | None = None) -> Tensor:
+    """:func:`aggregate` for a loss matrix already zero on padding, given the tokens per row ``tokens [B]``."""
+    check_normalizer(normalizer)
     if mode == "token-mean":
-        count = mask_b.sum().to(loss_mat.dtype).clamp(min=1.0)
-        return masked.sum() / (count if normalizer is None else normalizer)
-    tokens = mask_b.sum(dim=-1).to(loss_mat.dtype)  # [B]
+        return masked.sum() / (tokens.sum().clamp(min=1.0) if normalizer is None else normalizer)
     per_seq = masked.sum(dim=-1)  # [B]
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / tokens.clamp(min=1.0)
-    n_seqs = (tokens > 0).sum().to(loss_mat.dtype).clamp(min=1.0)
+    n_seqs = (tokens > 0).sum().to(masked.dtype).clamp(min=1.0)
     return per_seq.sum() / (n_seqs if normalizer is None else normalizer)
-

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import LossInputs
-from vespo.losses.aggregation import aggregate, check_agg_mode
+from vespo.losses.aggregation import check_agg_mode, reduce_masked
 from vespo.losses.diagnostics import base_metrics
 from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
 from vespo.types import LossOutput
@@ -81,11 +81,14 @@ def finish(
     normalizer: float | Tensor | None,
     extra_metrics: dict[str, Tensor],
 ) -> LossOutput:
-    """Aggregate the per-token loss ``loss_mat [B, T]`` by ``cfg.agg`` and attach the shared metrics."""
-    loss = aggregate(loss_mat, inp.mask, cfg.agg, normalizer)
+    """Aggregate the per-token loss ``loss_mat [B, T]`` by ``cfg.agg`` and attach the shared metrics.
+
+    ``loss_mat`` must be finite on padding (true of any loss built from the cleaned inputs).
+    """
+    loss = reduce_masked(loss_mat * inp.mask_f, inp.tokens, cfg.agg, normalizer)
     log_ratio = inp.log_ratio.detach()  # [B, T], 0 on padding
     rollout_d = None if inp.rollout_logp is None else inp.rollout_logp - inp.old_logp
-    metrics = base_metrics(loss, log_ratio.sum(dim=-1), inp.seq_valid, log_ratio, inp.mask, rollout_d)
+    metrics = base_metrics(loss, log_ratio.sum(dim=-1), inp.seq_valid, log_ratio, inp.tokens, rollout_d)
     return LossOutput(loss=loss, metrics={**metrics, **extra_metrics})
 
 

@@ -34,7 +34,7 @@ def masked_quantile(x: Tensor, valid: Tensor, q: float) -> Tensor:
     if x.numel() == 0:
         return x.new_zeros(())
     values = torch.where(valid, x, torch.full_like(x, math.inf)).flatten().sort().values  # valid ones first
-    n = valid.sum()
+    n = torch.count_nonzero(valid)
     pos = q * (n - 1).clamp(min=0).to(x.dtype)
     lo, hi = pos.floor().long(), pos.ceil().long()
     value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))
@@ -44,7 +44,7 @@ def masked_quantile(x: Tensor, valid: Tensor, q: float) -> Tensor:
 @torch.no_grad()
 def masked_stats(x: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
     """{prefix}_mean, _min, _max of x[valid]; all 0 when nothing is valid."""
-    n = valid.sum()
+    n = torch.count_nonzero(valid)
     zero = x.new_zeros(())
     mean = torch.where(valid, x, zero).sum() / n.clamp(min=1)
     if x.numel() == 0:
@@ -61,7 +61,7 @@ def masked_stats(x: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
 @torch.no_grad()
 def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
     """Distribution of the sequence log-weights ``log_w [B]`` over the ``valid [B]`` sequences."""
-    n = valid.sum()
+    n = torch.count_nonzero(valid)
     lw = log_w.detach()
     w = torch.where(valid, lw.clamp(LOG_W_MIN, LOG_W_MAX).exp(), lw.new_zeros(()))  # [B]
     lw_valid = torch.where(valid, lw, torch.full_like(lw, -math.inf))  # [B]
@@ -80,10 +80,11 @@ def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def kl_metrics(d: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
-    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p (0 on padding)."""
+def kl_metrics(d: Tensor, tokens: Tensor, prefix: str) -> dict[str, Tensor]:
+    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p (0 on padding)
+    and ``tokens [B]`` valid tokens per row."""
     d = d.detach().clamp(-KL_D_CLAMP, KL_D_CLAMP)  # [B, T]; padding holds 0, which adds 0 to both sums
-    n = mask.sum().clamp(min=1)
+    n = tokens.sum().clamp(min=1)
     k1_sum = d.sum()
     return {f"{prefix}/k1": k1_sum / n, f"{prefix}/k3": (torch.expm1(d).sum() - k1_sum) / n}
 
@@ -91,10 +92,10 @@ def kl_metrics(d: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
 @torch.no_grad()
 def clip_metrics(low: Tensor, high: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Fraction of valid tokens where the lower / upper clip bound is active (low/high: [B, T] bool)."""
-    n = mask.sum().clamp(min=1)
+    n = torch.count_nonzero(mask).clamp(min=1)
     return {
-        "loss/clip_frac_low": (low & mask).sum().to(torch.float32) / n,
-        "loss/clip_frac_high": (high & mask).sum().to(torch.float32) / n,
+        "loss/clip_frac_low": torch.count_nonzero(low & mask) / n,
+        "loss/clip_frac_high": torch.count_nonzero(high & mask) / n,
     }
 
 
@@ -102,21 +103,21 @@ def clip_metrics(low: Tensor, high: Tensor, mask: Tensor) -> dict[str, Tensor]:
 def phi_metrics(phi: Tensor, nonneg_adv: Tensor, valid: Tensor) -> dict[str, Tensor]:
     """VESPO's phi split by the kernel it used (A >= 0: positive pair), over the valid entries."""
     pos, neg = valid & nonneg_adv, valid & ~nonneg_adv
-    small = ((phi < PHI_SMALL) & valid).sum().to(phi.dtype) / valid.sum().clamp(min=1)
+    small = torch.count_nonzero((phi < PHI_SMALL) & valid).to(phi.dtype) / torch.count_nonzero(valid).clamp(min=1)
     return {
         **masked_stats(phi, pos, "vespo/phi_pos"),
         **masked_stats(phi, neg, "vespo/phi_neg"),
-        "vespo/n_pos": pos.sum().to(phi.dtype),
-        "vespo/n_neg": neg.sum().to(phi.dtype),
+        "vespo/n_pos": torch.count_nonzero(pos).to(phi.dtype),
+        "vespo/n_neg": torch.count_nonzero(neg).to(phi.dtype),
         "vespo/phi_small_frac": small,
     }
 
 
 def base_metrics(
-    loss: Tensor, log_w: Tensor, seq_valid: Tensor, log_ratio: Tensor, mask: Tensor, rollout_d: Tensor | None
+    loss: Tensor, log_w: Tensor, seq_valid: Tensor, log_ratio: Tensor, tokens: Tensor, rollout_d: Tensor | None
 ) -> dict[str, Tensor]:
     """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given)."""
-    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid), **kl_metrics(-log_ratio, mask, "kl")}
+    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid), **kl_metrics(-log_ratio, tokens, "kl")}
     if rollout_d is not None:
-        metrics.update(kl_metrics(rollout_d, mask, "rollout"))
+        metrics.update(kl_metrics(rollout_d, tokens, "rollout"))
     return metrics
