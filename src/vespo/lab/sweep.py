@@ -1,0 +1,190 @@
+"""`vespo sweep`: run every point of a sweep file's grid as its own `vespo train` process.
+
+    vespo sweep configs/lab/staleness.yaml --out runs/staleness --jobs 2
+    vespo sweep configs/lab/staleness.yaml --out runs/staleness --dry-run     the plan, nothing run
+    vespo sweep configs/lab/quick.yaml --out runs/quick run.steps=5           extra overrides for every run
+
+SWEEP_DIR holds `sweep.json` (the grid), `base.yaml` (the base config) and one normal run
+directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/, train.log and
+lab.json with the point's labels and exit status). Processes run `jobs` at a time with one torch
+thread each. Re-running the same command resumes the sweep: finished runs (summary.json with status
+done) are skipped, runs with a checkpoint are resumed with --resume, failed runs are kept as failed
+unless --retry-failed. Runs that share a warm start wait for the first of them to write it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from vespo.lab.grid import GridPoint, Sweep, SweepError, load_sweep
+
+
+@dataclass
+class Job:
+    point: GridPoint
+    run_dir: Path
+    action: str  # "skip" (done), "failed" (kept), "resume", "start"
+    warm_key: str = ""  # warm-start cache file this run reads or writes
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vespo sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep", help="sweep file (YAML)")
+    p.add_argument("--out", required=True, help="sweep directory (one run directory per grid point)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
+    p.add_argument("--retry-failed", action="store_true", help="run again the points whose process failed")
+    p.add_argument("overrides", nargs="*", help="section.field=value overrides applied to every run (after the grid)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        sweep = load_sweep(args.sweep)
+        sweep.overrides += args.overrides
+        jobs = plan(sweep, Path(args.out), args.retry_failed)
+    except (SweepError, ValueError) as e:
+        print(f"vespo sweep: {e}", file=sys.stderr)
+        return 2
+    print_plan(sweep, jobs)
+    if args.dry_run:
+        for job in jobs:
+            if job.action in ("start", "resume"):
+                print(" ".join(command(job, Path(args.out))))
+        return 0
+    failed = run_all(jobs, Path(args.out), args.jobs)
+    print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------- planning
+
+
+def plan(sweep: Sweep, out: Path, retry_failed: bool = False) -> list[Job]:
+    """Write the sweep's record into ``out`` and decide what each grid point needs."""
+    from vespo.config import ConfigError, load_config
+
+    write_record(sweep, out)
+    jobs = []
+    for point in sweep.points():
+        run_dir = out / point.name
+        try:
+            cfg = load_config(out / "base.yaml", point.overrides + [f"run.out_dir={run_dir}"])
+        except ConfigError as e:
+            raise SweepError(f"{sweep.source}: grid point {point.name}: {e}") from None
+        jobs.append(Job(point, run_dir, _action(run_dir, retry_failed), _warm_key(cfg)))
+    return jobs
+
+
+def write_record(sweep: Sweep, out: Path) -> None:
+    """sweep.json and base.yaml; refuse to mix a changed base or grid into an existing sweep."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"name": sweep.name, "source": sweep.source, "overrides": sweep.overrides,
+              "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes]}
+    for file, text in (("base.yaml", yaml.safe_dump(sweep.base, sort_keys=False)),
+                       ("sweep.json", json.dumps(record, indent=2))):
+        path = out / file
+        if path.exists() and path.read_text() != text:
+            raise SweepError(f"{path} differs from {sweep.source} (with these overrides): this sweep directory was "
+                             "started with another base config or grid; choose another --out")
+        path.write_text(text)
+
+
+def _action(run_dir: Path, retry_failed: bool) -> str:
+    summary, lab = run_dir / "summary.json", run_dir / "lab.json"
+    if summary.exists() and json.loads(summary.read_text()).get("status") == "done":
+        return "skip"
+    if lab.exists() and json.loads(lab.read_text()).get("returncode", 0) != 0 and not retry_failed:
+        return "failed"
+    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+        return "resume"
+    return "start"
+
+
+def _warm_key(cfg) -> str:
+    if not cfg.warmstart.enabled or cfg.model.path is not None:
+        return ""
+    from vespo.trainer.warmstart import _cache_path  # the trainer's own cache naming
+
+    return str(_cache_path(cfg))
+
+
+def print_plan(sweep: Sweep, jobs: list[Job]) -> None:
+    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip", "failed")}
+    print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    for job in jobs:
+        print(f"  {job.action:<7} {job.point.name}")
+
+
+# ---------------------------------------------------------------- running
+
+
+def command(job: Job, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "vespo.cli", "train", "--config", str(out / "base.yaml")]
+    cmd += (["--resume"] if job.action == "resume" else []) + job.point.overrides
+    return cmd + [f"run.out_dir={job.run_dir}", "run.threads=1", "run.progress=false"]
+
+
+def run_all(jobs: list[Job], out: Path, n_jobs: int) -> int:
+    """Run the pending jobs ``n_jobs`` at a time; returns how many failed."""
+    pending = [j for j in jobs if j.action in ("start", "resume")]
+    running: dict[subprocess.Popen, Job] = {}
+    writing: set[str] = set()  # warm-start files being written by a running job
+    failed = 0
+    while pending or running:
+        for proc, job in list(running.items()):
+            if proc.poll() is not None:
+                del running[proc]
+                writing.discard(job.warm_key)
+                failed += finish(job, proc.returncode)
+        while len(running) < n_jobs:
+            job = next((j for j in pending if _may_start(j, writing)), None)
+            if job is None:
+                break
+            pending.remove(job)
+            if job.warm_key and not Path(job.warm_key).is_file():
+                writing.add(job.warm_key)
+            running[launch(job, out)] = job
+        time.sleep(0.2)
+    return failed
+
+
+def _may_start(job: Job, writing: set[str]) -> bool:
+    return not job.warm_key or job.warm_key not in writing
+
+
+def launch(job: Job, out: Path) -> subprocess.Popen:
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print(f"  {job.action:<7} {job.point.name}", flush=True)
+    _write_lab(job, {"status": "running"})
+    log = open(job.run_dir / "train.log", "a")
+    proc = subprocess.Popen(command(job, out), stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    return proc
+
+
+def finish(job: Job, returncode: int) -> int:
+    ok = returncode == 0
+    _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode,
+                     "stopped_nonfinite": (not ok) and "NonFiniteError" in _tail(job.run_dir / "train.log")})
+    print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else f" (exit {returncode}; see "
+                                                                         f"{job.run_dir / 'train.log'})"), flush=True)
+    return 0 if ok else 1
+
+
+def _write_lab(job: Job, extra: dict) -> None:
+    record = {"labels": job.point.labels, "overrides": job.point.overrides, **extra}
+    (job.run_dir / "lab.json").write_text(json.dumps(record, indent=2))
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else ""
