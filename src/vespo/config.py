@@ -113,9 +113,11 @@ class WarmStartConfig:
 class AsyncConfig:
     workers: int = opt(1, "rollout worker processes (Ray actors)", ge=1)
     sync_every: int = opt(4, "learner updates between parameter pushes to the rollout workers (K)", ge=1)
-    max_staleness: int = opt(8, "rollout may run at most this many policy versions ahead of the learner", ge=0)
+    max_staleness: int = opt(8, "rollout may run at most this many policy versions ahead of the learner: a row "
+                             "is trained at most this many versions after its oldest token was sampled", ge=0)
     chunk_tokens: int = opt(4, "tokens decoded between weight-update checks (partial rollouts)", ge=1)
     ray_address: str | None = opt(None, "existing Ray cluster address; None starts a local Ray")
+    max_restarts: int = opt(3, "times a crashed rollout worker is restarted before the run stops", ge=0)
 
 
 @dataclass
