@@ -91,21 +91,23 @@ class _ChunkedLogProb(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
         logp = hidden.new_empty(hidden.shape[0], dtype=_compute_dtype(hidden))  # [N]
         entropy = torch.empty_like(logp)  # [N]
+        lse = torch.empty_like(logp)  # [N], kept so backward rebuilds softmax in place
         with torch.no_grad():
             for s in range(0, hidden.shape[0], chunk_size):
                 z = _scaled_logits(hidden[s : s + chunk_size], weight, bias, temperature)  # [C, V]
-                lse = torch.logsumexp(z, dim=-1)  # [C]
-                logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse
-                probs = torch.softmax(z, dim=-1)
-                entropy[s : s + chunk_size] = lse - (probs * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets)
+                lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
+                logsm = z.sub_(lse[s : s + chunk_size, None])  # in place: z is now log-softmax
+                logp[s : s + chunk_size] = logsm.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1)
+                entropy[s : s + chunk_size] = -(logsm.exp() * logsm).sum(-1)
+                del z, logsm
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, bias, targets = ctx.saved_tensors
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
         dtype = _compute_dtype(hidden)
         w32 = weight.to(dtype)
         grad_h = torch.zeros_like(hidden, dtype=dtype) if ctx.needs_input_grad[0] else None
@@ -113,9 +115,9 @@ class _ChunkedLogProb(torch.autograd.Function):
         grad_b = torch.zeros_like(bias, dtype=dtype) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], ctx.chunk_size):
             h = hidden[s : s + ctx.chunk_size].to(dtype)  # [C, H]
-            z = _scaled_logits(h, w32, bias, ctx.temperature)  # [C, V]
             # d logp / d z = onehot(target) - softmax(z); d z / d logits = 1 / temperature
-            g = -torch.softmax(z, dim=-1)
+            g = _scaled_logits(h, w32, bias, ctx.temperature)  # [C, V], one buffer reused in place
+            g.sub_(lse[s : s + ctx.chunk_size, None]).exp_().neg_()  # -softmax(z)
             g.scatter_add_(-1, targets[s : s + ctx.chunk_size, None], torch.ones_like(g[:, :1]))
             g *= grad_logp[s : s + ctx.chunk_size, None] / ctx.temperature  # [C, V]
             if grad_h is not None:
@@ -131,7 +133,7 @@ def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: 
     """Logits / temperature of one chunk, in float32 (float64 for float64 inputs): [C, V]."""
     dtype = _compute_dtype(h)
     b = None if bias is None else bias.to(dtype)
-    return F.linear(h.to(dtype), weight.to(dtype), b) / temperature
+    return F.linear(h.to(dtype), weight.to(dtype), b).div_(temperature)
 
 
 def _compute_dtype(h: Tensor) -> torch.dtype:
