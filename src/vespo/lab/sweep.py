@@ -2,6 +2,7 @@
 
     vespo sweep configs/lab/staleness.yaml --out runs/staleness --jobs 2
     vespo sweep configs/lab/staleness.yaml --out runs/staleness --dry-run     the plan, nothing run
+    vespo sweep configs/lab/staleness.yaml --out runs/staleness --only N=1,32 --only seed=0    part of the grid
     vespo sweep configs/lab/quick.yaml --out runs/quick run.steps=5           extra overrides for every run
 
 SWEEP_DIR holds `sweep.json` (the grid), `base.yaml` (the base config) and one normal run
@@ -9,7 +10,9 @@ directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/
 lab.json with the point's labels and exit status). Processes run `jobs` at a time with one torch
 thread each. Re-running the same command resumes the sweep: finished runs (summary.json with status
 done) are skipped, runs with a checkpoint are resumed with --resume, failed runs are kept as failed
-unless --retry-failed. Runs that share a warm start wait for the first of them to write it.
+unless --retry-failed. A sweep directory refuses a changed base config or a run whose overrides
+changed; --only runs part of the grid, and a later call can add the rest. Runs that share a warm
+start wait for the first of them to write it.
 """
 
 from __future__ import annotations
@@ -42,15 +45,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="sweep directory (one run directory per grid point)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=V1,V2",
+                   help="run only the grid points with these values on an axis (repeatable), e.g. --only N=1,32")
     p.add_argument("--retry-failed", action="store_true", help="run again the points whose process failed")
     p.add_argument("overrides", nargs="*", help="section.field=value overrides applied to every run (after the grid)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
         sweep = load_sweep(args.sweep)
         sweep.overrides += args.overrides
-        jobs = plan(sweep, Path(args.out), args.retry_failed)
+        jobs = plan(sweep, Path(args.out), args.retry_failed, parse_only(args.only, sweep))
     except (SweepError, ValueError) as e:
         print(f"vespo sweep: {e}", file=sys.stderr)
         return 2
@@ -68,13 +73,31 @@ def main(argv: list[str]) -> int:
 # ---------------------------------------------------------------- planning
 
 
-def plan(sweep: Sweep, out: Path, retry_failed: bool = False) -> list[Job]:
+def parse_only(items: list[str], sweep: Sweep) -> dict[str, set[str]]:
+    """``["N=1,32", "seed=0"]`` -> {"N": {"1", "32"}, "seed": {"0"}}, checked against the grid."""
+    axes = {a.label: a.values for a in sweep.axes}
+    only: dict[str, set[str]] = {}
+    for item in items:
+        label, _, values = item.partition("=")
+        if label not in axes or not values:
+            raise SweepError(f"--only {item!r}: expected AXIS=V1,V2 with AXIS one of {sorted(axes)}")
+        wanted = set(values.split(","))
+        if wanted - set(axes[label]):
+            raise SweepError(f"--only {item!r}: {sorted(wanted - set(axes[label]))} not in grid axis {label} "
+                             f"{axes[label]}")
+        only[label] = wanted
+    return only
+
+
+def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, set[str]] | None = None) -> list[Job]:
     """Write the sweep's record into ``out`` and decide what each grid point needs."""
     from vespo.config import ConfigError, load_config
 
     write_record(sweep, out)
     jobs = []
     for point in sweep.points():
+        if any(point.labels[a] not in v for a, v in (only or {}).items()):
+            continue
         run_dir = out / point.name
         try:
             cfg = load_config(out / "base.yaml", point.overrides + [f"run.out_dir={run_dir}"])
@@ -85,17 +108,21 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False) -> list[Job]:
 
 
 def write_record(sweep: Sweep, out: Path) -> None:
-    """sweep.json and base.yaml; refuse to mix a changed base or grid into an existing sweep."""
+    """sweep.json and base.yaml; refuse to mix another base config or other overrides into a sweep."""
     out.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_dump(sweep.base, sort_keys=False)
+    if (out / "base.yaml").exists() and (out / "base.yaml").read_text() != base:
+        raise SweepError(f"{out / 'base.yaml'} differs from the base of {sweep.source}: this sweep directory was "
+                         "started with another base config; choose another --out")
+    for point in sweep.points():
+        lab = out / point.name / "lab.json"
+        if lab.exists() and json.loads(lab.read_text()).get("overrides") != point.overrides:
+            raise SweepError(f"{lab}: run {point.name} was made with other overrides than {sweep.source} gives it "
+                             "now; choose another --out")
     record = {"name": sweep.name, "source": sweep.source, "overrides": sweep.overrides,
               "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes]}
-    for file, text in (("base.yaml", yaml.safe_dump(sweep.base, sort_keys=False)),
-                       ("sweep.json", json.dumps(record, indent=2))):
-        path = out / file
-        if path.exists() and path.read_text() != text:
-            raise SweepError(f"{path} differs from {sweep.source} (with these overrides): this sweep directory was "
-                             "started with another base config or grid; choose another --out")
-        path.write_text(text)
+    (out / "base.yaml").write_text(base)
+    (out / "sweep.json").write_text(json.dumps(record, indent=2))
 
 
 def _action(run_dir: Path, retry_failed: bool) -> str:
@@ -143,8 +170,9 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int) -> int:
         for proc, job in list(running.items()):
             if proc.poll() is not None:
                 del running[proc]
-                writing.discard(job.warm_key)
+                writing.discard(job.warm_key)  # written, or the writer failed: let the next one try
                 failed += finish(job, proc.returncode)
+        writing = {key for key in writing if not Path(key).is_file()}
         while len(running) < n_jobs:
             job = next((j for j in pending if _may_start(j, writing)), None)
             if job is None:
