@@ -1,41 +1,54 @@
-"""Input validation shared by every loss: shapes, dtypes, finiteness, and the cleaned tensors.
+"""Input validation shared by every loss: shapes, dtypes, finiteness, and the detached working tensors.
 
 Every loss starts with :func:`prepare_inputs`. It checks the caller's tensors once and returns
-them with masked positions replaced by zeros, so padding may hold anything (-inf, NaN, garbage)
-without reaching the loss or its gradient. Unmasked NaN/inf is an error naming the tensor: real
-data is never silently zeroed.
+detached copies that are finite everywhere, plus the log-ratio that is 0 on padding, so padding
+may hold anything (-inf, NaN, garbage) without reaching the loss or its gradient. Unmasked
+NaN/inf is an error naming the tensor: real data is never silently zeroed.
 
-Fast path (one host sync): x * mask has a finite float32 sum iff x is finite everywhere (inf * 0
-is NaN), and then x * mask is already the cleaned tensor. Only when some sum is not finite do we
-clean with torch.where (slower) and look for unmasked NaN/inf.
+Fast path (one host sync): if the plain sum of every input is finite, every element is finite
+and nothing needs cleaning; the same sync reads the log-ratio's range, which tells the losses
+whether the +-20 token clamp binds anywhere. Only when some sum is not finite do we clean with
+torch.where (slower) and look for unmasked NaN/inf.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
+TOKEN_LOG_RATIO_CLAMP = 20.0  # token log-ratios are clamped to +-20 before exp (official VESPO, verl)
+
 
 @dataclass
 class LossInputs:
-    """The validated, cleaned inputs of one loss call (masked positions hold 0)."""
+    """The validated inputs of one loss call, detached and finite; ``logp_in`` carries the gradient."""
 
-    logp: Tensor  # [B, T] log pi_theta, carries grad; 0 on padding
-    old_logp: Tensor  # [B, T] behavior log-probs, detached; 0 on padding
+    logp_in: Tensor  # [B, T] the caller's log pi_theta; the loss attaches its gradient to it
+    logp: Tensor  # [B, T] detached, finite; padding holds the caller's finite values or 0
+    old_logp: Tensor  # [B, T] behavior log-probs, detached, finite; padding as for logp
     adv: Tensor  # [B, 1] (sequence advantages) or [B, T] (token advantages); 0 where masked
     mask: Tensor  # [B, T] bool
-    mask_f: Tensor  # [B, T] the mask in logp's dtype (multiply by it: every cleaned tensor is finite)
+    mask_f: Tensor  # [B, T] the mask in logp's dtype
     tokens: Tensor  # [B] float, number of valid tokens per sequence
-    rollout_logp: Tensor | None  # [B, T] inference-engine log-probs, detached; 0 on padding
-    log_ratio: Tensor  # [B, T] log(pi_theta / pi_old), with grad; 0 on padding
+    log_ratio: Tensor  # [B, T] logp - old_logp on valid tokens, 0 on padding; detached
+    rollout_d: Tensor | None  # [B, T] rollout_logp - old_logp on valid tokens, 0 on padding; detached
+    clamp_binds: bool  # some valid |log_ratio| exceeds TOKEN_LOG_RATIO_CLAMP
 
     @property
     def seq_valid(self) -> Tensor:
         """Which sequences have at least one valid token."""
         return self.tokens > 0  # [B]
+
+    @cached_property
+    def clamped_log_ratio(self) -> Tensor:
+        """The token log-ratio clamped to +-20 (the same tensor when the clamp binds nowhere).  # [B, T]"""
+        if not self.clamp_binds:
+            return self.log_ratio
+        return self.log_ratio.clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)
 
 
 def prepare_inputs(
@@ -45,38 +58,83 @@ def prepare_inputs(
     mask: Tensor,
     rollout_logp: Tensor | None = None,
 ) -> LossInputs:
-    """Validate the loss inputs and return them cleaned; raises ValueError naming the culprit."""
+    """Validate the loss inputs and return them detached and cleaned; raises ValueError naming the culprit."""
     _check_logp(logp)
     _check_same_shape("old_logp", old_logp, logp)
     _check_same_shape("mask", mask, logp)
     if rollout_logp is not None:
         _check_same_shape("rollout_logp", rollout_logp, logp)
     _check_advantages(advantages, logp)
+    with torch.no_grad():
+        return _prepare(logp, old_logp, advantages, mask, rollout_logp)
+
+
+def _prepare(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, rollout_logp: Tensor | None
+) -> LossInputs:
     mask_b = mask if mask.dtype == torch.bool else mask != 0  # [B, T]
     mask_f = mask_b.to(logp.dtype)  # [B, T]
     tokens = mask_f.sum(dim=-1)  # [B]
-    raw = {"logp": logp, "old_logp": old_logp.detach().to(logp.dtype)}
+    raw = {"logp": logp.detach(), "old_logp": old_logp.detach().to(logp.dtype)}
     if rollout_logp is not None:
         raw["rollout_logp"] = rollout_logp.detach().to(logp.dtype)
     adv = advantages.detach().to(logp.dtype)
-    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    adv_valid = (tokens > 0)[:, None] if adv.shape[-1] == 1 else mask_b
-    clean = {name: x * mask_f for name, x in raw.items()}
-    clean["advantages"] = torch.where(adv_valid, adv, adv.new_zeros(()))
-    if not _all_finite(clean, mask):
-        clean = {name: torch.where(mask_b, x, x.new_zeros(())) for name, x in raw.items()}
-        clean["advantages"] = torch.where(adv_valid, adv, adv.new_zeros(()))
-        _name_the_culprit({**raw, "advantages": adv}, mask_b, adv_valid, mask)
+    raw["advantages"] = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    log_ratio = (raw["logp"] - raw["old_logp"]).mul_(mask_f)  # [B, T], 0 on padding
+    finite, lr_range = _fast_path_check(raw, mask, log_ratio)
+    if finite:
+        clean = {**raw, "advantages": _zero_invalid_advantages(raw["advantages"], tokens, mask_f)}
+    else:
+        clean = _clean_slow(raw, mask_b, tokens, mask)
+        log_ratio = clean["logp"] - clean["old_logp"]  # [B, T], 0 on padding
+        lr_range = _range(log_ratio).tolist()
     return LossInputs(
+        logp_in=logp,
         logp=clean["logp"],
         old_logp=clean["old_logp"],
         adv=clean["advantages"],
         mask=mask_b,
         mask_f=mask_f,
         tokens=tokens,
-        rollout_logp=clean.get("rollout_logp"),
-        log_ratio=clean["logp"] - clean["old_logp"],
+        log_ratio=log_ratio,
+        rollout_d=None if rollout_logp is None else (clean["rollout_logp"] - clean["old_logp"]) * mask_f,
+        clamp_binds=not (-TOKEN_LOG_RATIO_CLAMP <= lr_range[0] and lr_range[1] <= TOKEN_LOG_RATIO_CLAMP),
     )
+
+
+def _fast_path_check(raw: dict[str, Tensor], mask: Tensor, log_ratio: Tensor) -> tuple[bool, list[float]]:
+    """One host sync: whether every input is finite everywhere (and the mask 0/1), and log_ratio's [min, max].
+
+    A sum of finite values is finite (barring overflow, which only sends us to the slow path).
+    """
+    sums = [x.sum(dtype=torch.float32 if x.element_size() < 4 else None).to(log_ratio.dtype) for x in raw.values()]
+    if mask.dtype != torch.bool:
+        sums.append(torch.where(((mask == 0) | (mask == 1)).all(), 0.0, math.nan).to(log_ratio.dtype))
+    values = torch.cat([torch.stack(sums), _range(log_ratio)]).tolist()
+    return all(math.isfinite(v) for v in values[:-2]), values[-2:]
+
+
+def _range(x: Tensor) -> Tensor:
+    """[min, max] of x, [0, 0] when x is empty.  # [2]"""
+    return torch.stack(torch.aminmax(x)) if x.numel() else x.new_zeros(2)
+
+
+def _zero_invalid_advantages(adv: Tensor, tokens: Tensor, mask_f: Tensor) -> Tensor:
+    """Advantages of empty rows / masked tokens set to 0 (``adv`` is finite here).  # [B, 1] or [B, T]"""
+    if adv.shape[-1] == 1:
+        return torch.where((tokens > 0)[:, None], adv, adv.new_zeros(()))
+    return adv * mask_f
+
+
+def _clean_slow(raw: dict[str, Tensor], mask_b: Tensor, tokens: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Raise for a bad mask or unmasked NaN/inf; otherwise every input with its padding set to 0."""
+    adv = raw["advantages"]
+    adv_valid = (tokens > 0)[:, None] if adv.shape[-1] == 1 else mask_b
+    _name_the_culprit(raw, mask_b, adv_valid, mask)
+    clean = {name: torch.where(mask_b, x, x.new_zeros(())) for name, x in raw.items() if name != "advantages"}
+    clean["advantages"] = torch.where(adv_valid, adv, adv.new_zeros(()))
+    return clean
+
 
 def check_normalizer(normalizer: float | Tensor | None) -> None:
     """An external normalizer must be a positive finite number (python or 1-element tensor)."""
@@ -123,14 +181,6 @@ def _check_advantages(advantages: Tensor, logp: Tensor) -> None:
         )
     if advantages.device != logp.device:
         raise ValueError(f"advantages is on {advantages.device} but logp is on {logp.device}")
-
-
-def _all_finite(clean: dict[str, Tensor], mask: Tensor) -> bool:
-    """One host sync: every cleaned tensor has a finite float32 sum and the mask is 0/1."""
-    flags = [torch.isfinite(x.sum(dtype=torch.float32)) for x in clean.values()]
-    if mask.dtype != torch.bool:
-        flags.append(((mask == 0) | (mask == 1)).all())
-    return bool(torch.stack(flags).all())
 
 
 def _name_the_culprit(raw: dict[str, Tensor], mask_b: Tensor, adv_valid: Tensor, mask: Tensor) -> None:

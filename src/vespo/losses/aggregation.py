@@ -41,11 +41,35 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: float | Ten
 
 def reduce_masked(masked: Tensor, tokens: Tensor, mode: str, normalizer: float | Tensor | None = None) -> Tensor:
     """:func:`aggregate` for a loss matrix already zero on padding, given the tokens per row ``tokens [B]``."""
+    if mode == "token-mean":
+        check_normalizer(normalizer)
+        return masked.sum() / _token_count(tokens, normalizer)
+    return reduce_rows(masked.sum(dim=-1), tokens, mode, normalizer)
+
+
+def reduce_rows(row_sums: Tensor, tokens: Tensor, mode: str, normalizer: float | Tensor | None = None) -> Tensor:
+    """:func:`aggregate` from the per-row sums ``row_sums [B]`` of the masked loss and ``tokens [B]``."""
     check_normalizer(normalizer)
     if mode == "token-mean":
-        return masked.sum() / (tokens.sum().clamp(min=1.0) if normalizer is None else normalizer)
-    per_seq = masked.sum(dim=-1)  # [B]
+        return row_sums.sum() / _token_count(tokens, normalizer)
     if mode == "seq-mean-token-mean":
-        per_seq = per_seq / tokens.clamp(min=1.0)
-    n_seqs = (tokens > 0).sum().to(masked.dtype).clamp(min=1.0)
-    return per_seq.sum() / (n_seqs if normalizer is None else normalizer)
+        row_sums = row_sums / tokens.clamp(min=1.0)
+    return row_sums.sum() / _seq_count(tokens, row_sums.dtype, normalizer)
+
+
+def agg_grad_scale(tokens: Tensor, mode: str, normalizer: float | Tensor | None = None) -> Tensor | float:
+    """d L / d l_it of the aggregate L for a valid token of row i: a scalar, or [B, 1] for seq-mean-token-mean."""
+    if mode == "token-mean":
+        return 1.0 / _token_count(tokens, normalizer)
+    per_seq = 1.0 / _seq_count(tokens, tokens.dtype, normalizer)
+    if mode == "seq-mean-token-mean":
+        return per_seq / tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    return per_seq
+
+
+def _token_count(tokens: Tensor, normalizer: float | Tensor | None) -> Tensor | float:
+    return tokens.sum().clamp(min=1.0) if normalizer is None else normalizer
+
+
+def _seq_count(tokens: Tensor, dtype: torch.dtype, normalizer: float | Tensor | None) -> Tensor | float:
+    return (tokens > 0).sum().to(dtype).clamp(min=1.0) if normalizer is None else normalizer

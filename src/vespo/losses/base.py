@@ -1,4 +1,12 @@
-"""What every loss shares: the config base (agg, rollout correction), field checks, log W, the final step."""
+"""What every loss shares: the config base (agg, rollout correction), field checks, log W, the final step.
+
+Each loss computes its per-token loss and its gradient coefficient without autograd, from the
+detached inputs of :func:`prepare_inputs`: every loss here has a gradient of the form
+coef_it * grad logp_it (ratios, weights and kernels are functions of logp, but their derivatives
+are known in closed form). :func:`finish` aggregates the value exactly as before and attaches
+the gradient coef * d(agg)/d(loss_it) to the caller's logp with one small autograd function, so
+the backward pass is a single multiply instead of a replay of the whole forward graph.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +17,10 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import LossInputs
-from vespo.losses.aggregation import check_agg_mode, reduce_masked
+from vespo.losses.aggregation import agg_grad_scale, check_agg_mode, reduce_masked, reduce_rows
 from vespo.losses.diagnostics import base_metrics
 from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
 from vespo.types import LossOutput
-
-TOKEN_LOG_RATIO_CLAMP = 20.0  # token log-ratios are clamped to +-20 before exp (official VESPO, verl)
 
 
 @dataclass
@@ -76,28 +82,72 @@ def sequence_log_weight(logp: Tensor, old_logp: Tensor, mask: Tensor, token_clam
 
 def finish(
     loss_mat: Tensor,
+    coef: Tensor,
     inp: LossInputs,
     cfg: LossConfig,
     normalizer: float | Tensor | None,
     extra_metrics: dict[str, Tensor],
 ) -> LossOutput:
-    """Aggregate the per-token loss ``loss_mat [B, T]`` by ``cfg.agg`` and attach the shared metrics.
+    """Aggregate the per-token loss by ``cfg.agg``, attach its gradient to logp, add the shared metrics.
 
-    ``loss_mat`` must be finite on padding (true of any loss built from the cleaned inputs).
+    ``loss_mat`` is the detached per-token loss: [B, T], finite, masked here in place; or [B, 1],
+    the same value on every valid token of a row. ``coef`` is d loss_it / d logp_it: [B, T] and 0
+    on padding, or [B, 1] (masked in the backward pass).
     """
-    loss = reduce_masked(loss_mat * inp.mask_f, inp.tokens, cfg.agg, normalizer)
-    log_ratio = inp.log_ratio.detach()  # [B, T], 0 on padding
-    rollout_d = None if inp.rollout_logp is None else inp.rollout_logp - inp.old_logp
-    metrics = base_metrics(loss, log_ratio.sum(dim=-1), inp.seq_valid, log_ratio, inp.tokens, rollout_d)
+    with torch.no_grad():
+        if loss_mat.shape[-1] == 1 and inp.mask.shape[-1] != 1:
+            value = reduce_rows(loss_mat[:, 0] * inp.tokens, inp.tokens, cfg.agg, normalizer)
+        else:
+            value = reduce_masked(loss_mat.mul_(inp.mask_f), inp.tokens, cfg.agg, normalizer)
+        scale = agg_grad_scale(inp.tokens, cfg.agg, normalizer)  # [] or [B, 1]
+        metrics = base_metrics(value, inp.log_ratio.sum(dim=-1), inp.seq_valid, inp.clamped_log_ratio,
+                               inp.tokens, inp.rollout_d)
+    loss = _CoefficientGradient.apply(inp.logp_in, value, coef, scale, inp.mask_f)
     return LossOutput(loss=loss, metrics={**metrics, **extra_metrics})
 
 
-def apply_rollout_correction(loss_mat: Tensor, inp: LossInputs, cfg: LossConfig) -> Tensor:
-    """Multiply the per-token loss by the detached rollout-correction weight (identity for mode none)."""
-    weight = correction_weight(inp.old_logp, inp.rollout_logp, cfg.rollout_correction)
-    return loss_mat if weight is None else loss_mat * weight
+class _CoefficientGradient(torch.autograd.Function):
+    """Returns ``value``; its gradient w.r.t. ``logp [B, T]`` is coef * scale (times mask_f if coef is [B, 1])."""
+
+    @staticmethod
+    def forward(ctx, logp: Tensor, value: Tensor, coef: Tensor, scale: Tensor, mask_f: Tensor) -> Tensor:
+        ctx.coef, ctx.scale, ctx.mask_f = coef, scale, mask_f
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        grad = ctx.coef * (ctx.scale * grad_out)  # [B, T] or [B, 1]
+        if ctx.coef.shape[-1] == 1:
+            grad = grad * ctx.mask_f  # [B, T]
+        return grad, None, None, None, None
 
 
-def token_ratio(inp: LossInputs) -> Tensor:
-    """r = exp(clamp(logp - old_logp, -20, 20)), with grad.  # [B, T]"""
-    return torch.exp(inp.log_ratio.clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP))
+def rollout_corrected(loss_mat: Tensor, coef: Tensor, inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, Tensor]:
+    """Multiply the per-token loss and its coefficient by the detached rollout-correction weight.
+
+    Identity for mode none. A [B, 1] coefficient times a [B, T] weight is masked here.
+    """
+    weight = correction_weight(inp.rollout_d, cfg.rollout_correction)  # None, [B, T] or [B, 1]
+    if weight is None:
+        return loss_mat, coef
+    if coef.shape[-1] == 1 and weight.shape[-1] != 1:
+        return loss_mat * weight, coef * weight * inp.mask_f  # [B, T], 0 on padding
+    return loss_mat * weight, coef * weight
+
+
+def token_ratio(lr_c: Tensor) -> Tensor:
+    """r = exp(clamp(logp - old_logp, -20, 20)) from the clamped log-ratio ``lr_c``, detached.  # [B, T]"""
+    return torch.exp(lr_c)
+
+
+def clamp_pass(inp: LossInputs, lr_c: Tensor) -> Tensor | None:
+    """1.0 where the +-20 token clamp lets the gradient through, 0.0 where it binds; None if it binds nowhere."""
+    if not inp.clamp_binds:
+        return None
+    return indicator(torch.eq, lr_c, inp.log_ratio)  # [B, T]
+
+
+def indicator(compare, a: Tensor, b: Tensor | float) -> Tensor:
+    """compare(a, b) as 0.0 / 1.0 in a's dtype (a float mask multiplies much faster than a bool one)."""
+    shape = a.shape if not isinstance(b, Tensor) else torch.broadcast_shapes(a.shape, b.shape)
+    return compare(a, b, out=torch.empty(shape, dtype=a.dtype, device=a.device))

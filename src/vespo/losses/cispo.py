@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
+from vespo.losses.base import LossConfig, check_range, finish, indicator, rollout_corrected, token_ratio
 from vespo.losses.diagnostics import clip_metrics
 from vespo.losses.registry import LossSpec, register
 from vespo.types import LossOutput
@@ -51,13 +51,21 @@ def cispo_loss(
 ) -> LossOutput:
     """-sg[clip(r)] * A * logp per token, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    ratio = token_ratio(inp).detach()  # [B, T]
+    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T], 1 on padding
     low = None if cfg.eps_low is None else 1.0 - cfg.eps_low
-    weight = ratio.clamp(min=low, max=1.0 + cfg.eps_high)  # [B, T]
-    loss_mat = apply_rollout_correction(-weight * inp.adv * inp.logp, inp, cfg)
-    below = torch.zeros_like(inp.mask) if low is None else ratio < low
-    metrics = clip_metrics(below, ratio > 1.0 + cfg.eps_high, inp.mask)
-    return finish(loss_mat, inp, cfg, normalizer, metrics)
+    high = 1.0 + cfg.eps_high
+    coef = ratio.clamp(min=low, max=high).mul_(-inp.adv).mul_(inp.mask_f)  # [B, T] -clip(r) A, 0 on padding
+    loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
+    return finish(loss_mat, coef, inp, cfg, normalizer, _clip_fractions(ratio, low, high, inp.tokens))
+
+
+def _clip_fractions(ratio: Tensor, low: float | None, high: float, tokens: Tensor) -> dict[str, Tensor]:
+    """Valid tokens whose weight was cut at the lower / upper bound (padding has r = 1, inside both)."""
+    n_low = torch.zeros((), dtype=torch.int64, device=ratio.device)
+    if low is not None:
+        n_low = indicator(torch.lt, ratio, low).sum(dim=-1).to(torch.int64).sum()
+    n_high = indicator(torch.gt, ratio, high).sum(dim=-1).to(torch.int64).sum()
+    return clip_metrics(n_low, n_high, tokens)
 
 
 register(LossSpec("cispo", cispo_loss, CispoConfig))

@@ -31,14 +31,20 @@ PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
 @torch.no_grad()
 def masked_quantile(x: Tensor, valid: Tensor, q: float) -> Tensor:
     """The q-quantile of x[valid] (linear interpolation); 0 when nothing is valid."""
+    return masked_quantiles(x, valid, (q,))[0]
+
+
+@torch.no_grad()
+def masked_quantiles(x: Tensor, valid: Tensor, qs: tuple[float, ...]) -> list[Tensor]:
+    """The qs-quantiles of x[valid] (linear interpolation) from one sort; 0 when nothing is valid."""
     if x.numel() == 0:
-        return x.new_zeros(())
+        return [x.new_zeros(()) for _ in qs]
     values = torch.where(valid, x, torch.full_like(x, math.inf)).flatten().sort().values  # valid ones first
     n = torch.count_nonzero(valid)
-    pos = q * (n - 1).clamp(min=0).to(x.dtype)
+    pos = torch.tensor(qs, dtype=x.dtype, device=x.device) * (n - 1).clamp(min=0).to(x.dtype)  # [Q]
     lo, hi = pos.floor().long(), pos.ceil().long()
-    value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))
-    return torch.where(n > 0, value, x.new_zeros(()))
+    value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))  # [Q]
+    return list(torch.where(n > 0, value, x.new_zeros(())).unbind())
 
 
 @torch.no_grad()
@@ -68,11 +74,12 @@ def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
     log_n = n.clamp(min=1).to(lw.dtype).log()
     log_ess = 2 * torch.logsumexp(lw_valid, 0) - torch.logsumexp(2 * lw_valid, 0) - log_n
     zero = lw.new_zeros(())
+    q_min, q50, q90, q_max = masked_quantiles(lw, valid, (0.0, 0.5, 0.9, 1.0))
     return {
-        "is/log_w_min": masked_quantile(lw, valid, 0.0),
-        "is/log_w_p50": masked_quantile(lw, valid, 0.5),
-        "is/log_w_p90": masked_quantile(lw, valid, 0.9),
-        "is/log_w_max": masked_quantile(lw, valid, 1.0),
+        "is/log_w_min": q_min,
+        "is/log_w_p50": q50,
+        "is/log_w_p90": q90,
+        "is/log_w_max": q_max,
         "is/w_mean": w.sum() / n.clamp(min=1),
         "is/ess": torch.where(n > 0, log_ess.exp(), zero),
         "is/n_seq": n.to(lw.dtype),
@@ -90,13 +97,40 @@ def kl_metrics(d: Tensor, tokens: Tensor, prefix: str) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def clip_metrics(low: Tensor, high: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Fraction of valid tokens where the lower / upper clip bound is active (low/high: [B, T] bool)."""
-    n = torch.count_nonzero(mask).clamp(min=1)
-    return {
-        "loss/clip_frac_low": torch.count_nonzero(low & mask) / n,
-        "loss/clip_frac_high": torch.count_nonzero(high & mask) / n,
-    }
+def policy_kl_metrics(clamped_log_ratio: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """kl/k1 and kl/k3 from the +-20-clamped log(pi_theta / pi_old) [B, T] (0 on padding): d = -log ratio.
+
+    The same numbers as kl_metrics(-log ratio, tokens, "kl"), without its (here idle) clamp.
+    """
+    d = -clamped_log_ratio  # [B, T]
+    n = tokens.sum().clamp(min=1)
+    k1_sum = d.sum()
+    return {"kl/k1": k1_sum / n, "kl/k3": (d.expm1_().sum() - k1_sum) / n}
+
+
+@torch.no_grad()
+def clip_metrics(n_low: Tensor, n_high: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """Fraction of valid tokens where the lower / upper clip bound is active, from int64 counts.
+
+    ``tokens [B]`` holds the valid tokens per row; the fractions are int64 / int64, as count_nonzero gives.
+    """
+    n = token_count(tokens).clamp(min=1)
+    return {"loss/clip_frac_low": n_low / n, "loss/clip_frac_high": n_high / n}
+
+
+def token_count(tokens: Tensor) -> Tensor:
+    """The exact number of valid tokens (int64) from the per-row float counts ``tokens [B]``."""
+    return tokens.to(torch.int64).sum()
+
+
+def count_selected(flags: Tensor, select: Tensor) -> Tensor:
+    """int64 number of entries where the 0/1 float ``flags [B, T]`` is 1 and bool ``select`` ([B, 1] or [B, T]) holds.
+
+    flags must be 0 on padding. Rows are summed in the float dtype (exact: a row has < 2^24 tokens).
+    """
+    if select.shape[-1] == 1:
+        return (flags.sum(dim=-1) * select[:, 0]).to(torch.int64).sum()
+    return (flags * select).sum(dim=-1).to(torch.int64).sum()
 
 
 @torch.no_grad()
@@ -114,10 +148,14 @@ def phi_metrics(phi: Tensor, nonneg_adv: Tensor, valid: Tensor) -> dict[str, Ten
 
 
 def base_metrics(
-    loss: Tensor, log_w: Tensor, seq_valid: Tensor, log_ratio: Tensor, tokens: Tensor, rollout_d: Tensor | None
+    loss: Tensor, log_w: Tensor, seq_valid: Tensor, clamped_log_ratio: Tensor, tokens: Tensor, rollout_d: Tensor | None
 ) -> dict[str, Tensor]:
-    """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given)."""
-    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid), **kl_metrics(-log_ratio, tokens, "kl")}
+    """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given).
+
+    ``clamped_log_ratio [B, T]`` is log(pi_theta / pi_old) clamped to +-20, 0 on padding.
+    """
+    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid),
+               **policy_kl_metrics(clamped_log_ratio, tokens)}
     if rollout_d is not None:
         metrics.update(kl_metrics(rollout_d, tokens, "rollout"))
     return metrics

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
-from vespo.losses.diagnostics import clip_metrics
+from vespo.losses.base import LossConfig, check_range, clamp_pass, finish, indicator, rollout_corrected, token_ratio
+from vespo.losses.diagnostics import clip_metrics, count_selected, token_count
 from vespo.losses.registry import LossSpec, register
 from vespo.types import LossOutput
 
@@ -58,32 +58,48 @@ def grpo_loss(
 ) -> LossOutput:
     """The clipped surrogate max(-A r, -A clip(r)) per token (dual-clipped for A < 0), aggregated."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    ratio = token_ratio(inp)  # [B, T]
-    loss_mat, metrics = clipped_surrogate(ratio, inp.adv, inp.mask, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
-    return finish(apply_rollout_correction(loss_mat, inp, cfg), inp, cfg, normalizer, metrics)
+    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T], 1 on padding
+    loss_mat, coef, metrics = clipped_surrogate(ratio, inp.adv, inp.tokens, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
+    coef.mul_(inp.mask_f)  # [B, T], 0 on padding
+    passes = clamp_pass(inp, inp.clamped_log_ratio)
+    if passes is not None:
+        coef.mul_(passes)  # the +-20 clamp of the log-ratio stops the gradient where it binds
+    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
+    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
 
 
+@torch.no_grad()
 def clipped_surrogate(
-    ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's clipped loss per token [B, T] and its clip fractions; shared with GSPO.
+    ratio: Tensor, adv: Tensor, tokens: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """PPO's clipped loss per token, its coefficient on grad r / r, and its clip fractions; shared with GSPO.
 
     max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) is -A min(r, 1 + eps_high) for A > 0 and
     -A max(r, 1 - eps_low) for A < 0; the dual clip min(., -A c) caps the latter at r = c. So the
-    loss is -A clamp(r, lo, hi) with bounds picked by the sign of A: one clamp instead of two
-    surrogates, a max and a min, with the same values and gradients.
+    loss is -A clamp(r, lo, hi) with bounds picked by the sign of A, and its derivative w.r.t. log r
+    is -A r where lo <= r <= hi, else 0 (the coefficient returned, not yet masked).
+    ``ratio`` is [B, T] (1 on padding, where nothing clips) or [B, 1] (GSPO's sequence ratio).
     """
     neg = adv < 0  # [B, 1] or [B, T]
     inf = torch.full_like(adv, torch.inf)
     lo = torch.where(neg, adv.new_tensor(1.0 - eps_low), -inf)
     hi = torch.where(neg, inf if dual_clip_c is None else adv.new_tensor(dual_clip_c), adv.new_tensor(1.0 + eps_high))
-    loss_mat = -adv * ratio.clamp(lo, hi)  # [B, T]
-    with torch.no_grad():
-        r = ratio.detach()
-        metrics = clip_metrics(neg & (r < 1.0 - eps_low), (adv > 0) & (r > 1.0 + eps_high), mask)
-        if dual_clip_c is not None:
-            dual = torch.count_nonzero(neg & (r > dual_clip_c) & mask)
-            metrics["loss/dual_clip_frac"] = dual / torch.count_nonzero(mask).clamp(min=1)
-    return loss_mat, metrics
+    clipped = ratio.clamp(lo, hi)  # [B, T]
+    loss_mat = -adv * clipped  # [B, T]
+    coef = (ratio * -adv).mul_(indicator(torch.eq, clipped, ratio))  # [B, T]
+    above = indicator(torch.lt, clipped, ratio)  # cut by hi: A > 0 above 1 + eps_high, or A < 0 above c
+    below = indicator(torch.gt, clipped, ratio)  # cut by lo: A < 0 below 1 - eps_low
+    metrics = clip_metrics(_count(below, neg, tokens), _count(above, adv > 0, tokens), tokens)
+    if dual_clip_c is not None:
+        metrics["loss/dual_clip_frac"] = _count(above, neg, tokens) / token_count(tokens).clamp(min=1)
+    return loss_mat, coef, metrics
+
+
+def _count(flags: Tensor, select: Tensor, tokens: Tensor) -> Tensor:
+    """int64 count of valid tokens with flags = 1 in the selected rows/tokens; [B, 1] flags count every token."""
+    if flags.shape[-1] == 1 and tokens.dim() == 1:
+        flags = flags * tokens[:, None]  # a sequence-level flag counts for each of the row's tokens
+    return count_selected(flags, select)
+
 
 register(LossSpec("grpo", grpo_loss, GrpoConfig))

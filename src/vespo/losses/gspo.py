@@ -6,6 +6,8 @@
     L        = agg(l)                                             default seq-mean-token-mean
 
 Clip fractions count tokens as in GRPO (A > 0 above the upper bound, A < 0 below the lower).
+Since s_it has the same value exp(min(log s_i, 10)) on every token of row i and the gradient
+coefficient -A s_i (0 where a clip or the clamp at 10 binds), both are computed once per row [B, 1].
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish
+from vespo.losses.base import LossConfig, check_range, finish, rollout_corrected
 from vespo.losses.grpo import clipped_surrogate
 from vespo.losses.registry import LossSpec, register
 from vespo.types import LossOutput
@@ -54,11 +56,14 @@ def gspo_loss(
 ) -> LossOutput:
     """The clipped surrogate on the sequence ratio s_i in its token form, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    log_s = inp.log_ratio.detach().sum(dim=-1, keepdim=True) / inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
-    token_log_s = (log_s + inp.logp - inp.logp.detach()).clamp(max=LOG_S_MAX)  # [B, T]
-    ratio = torch.exp(token_log_s)  # [B, T]
-    loss_mat, metrics = clipped_surrogate(ratio, inp.adv, inp.mask, cfg.eps_low, cfg.eps_high, None)
-    return finish(apply_rollout_correction(loss_mat, inp, cfg), inp, cfg, normalizer, metrics)
+    log_s = inp.log_ratio.sum(dim=-1, keepdim=True) / inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    ratio = torch.exp(log_s.clamp(max=LOG_S_MAX))  # [B, 1]: s_it's value, the same for every token of row i
+    loss_mat, coef, metrics = clipped_surrogate(ratio, inp.adv, inp.tokens, cfg.eps_low, cfg.eps_high, None)
+    coef = coef * (log_s <= LOG_S_MAX)  # the clamp at 10 stops the gradient where it binds
+    if coef.shape[-1] != 1:
+        coef = coef * inp.mask_f  # token advantages: [B, T], 0 on padding
+    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
+    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
 
 
 register(LossSpec("gspo", gspo_loss, GspoConfig))

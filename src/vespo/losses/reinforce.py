@@ -13,14 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import (
-    TOKEN_LOG_RATIO_CLAMP,
-    LossConfig,
-    apply_rollout_correction,
-    check_choice,
-    finish,
-)
+from vespo.losses._checks import LossInputs, prepare_inputs
+from vespo.losses.base import LossConfig, check_choice, finish, rollout_corrected
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX
 from vespo.types import LossOutput
@@ -53,15 +47,16 @@ def reinforce_loss(
 ) -> LossOutput:
     """Policy gradient -sg[w] * A * logp, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    weight = _importance_weight(inp.log_ratio.detach(), cfg.is_level)  # [B, T] or [B, 1]
-    loss_mat = apply_rollout_correction(-weight * inp.adv * inp.logp, inp, cfg)  # [B, T]
-    return finish(loss_mat, inp, cfg, normalizer, {})
+    coef = -inp.adv if cfg.is_level == "none" else _importance_weight(inp, cfg.is_level) * -inp.adv
+    if coef.shape[-1] != 1 and inp.adv.shape[-1] == 1:
+        coef.mul_(inp.mask_f)  # [B, T], 0 on padding
+    loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
+    return finish(loss_mat, coef, inp, cfg, normalizer, {})
 
 
-def _importance_weight(log_ratio: Tensor, level: str) -> Tensor:
-    if level == "none":
-        return torch.ones_like(log_ratio)
-    clamped = log_ratio.clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # [B, T]
+def _importance_weight(inp: LossInputs, level: str) -> Tensor:
+    """The detached weight: r_t [B, T] (token) or W_i [B, 1] (sequence)."""
+    clamped = inp.clamped_log_ratio  # [B, T]
     if level == "token":
         return clamped.exp()
     return clamped.sum(dim=-1, keepdim=True).clamp(max=LOG_W_MAX).exp()  # [B, 1]

@@ -45,12 +45,12 @@ class RolloutCorrection:
             raise ValueError(f"rollout_correction.threshold must be a finite number > 0; got {self.threshold!r}")
 
 
-def correction_weight(old_logp: Tensor, rollout_logp: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
+def correction_weight(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
     """The detached weight w: [B, T] for *_token modes, [B, 1] for *_seq; None if mode is none.
 
-    ``old_logp`` and ``rollout_logp`` are the cleaned [B, T] tensors (0 on padding); padding gets w = 1.
+    ``rollout_d`` is rollout_logp - old_logp per token, 0 on padding (padding then gets w = 1 when C >= 1).
     """
-    log_rho = _log_rho(old_logp, rollout_logp, cfg)
+    log_rho = _log_rho(rollout_d, cfg)
     if log_rho is None:
         return None
     log_c = math.log(cfg.threshold)
@@ -59,14 +59,12 @@ def correction_weight(old_logp: Tensor, rollout_logp: Tensor | None, cfg: Rollou
     return torch.where(log_rho <= log_c, torch.exp(log_rho.clamp(max=log_c)), log_rho.new_zeros(()))
 
 
-def correction_log_weight(
-    old_logp: Tensor, rollout_logp: Tensor | None, mask: Tensor, cfg: RolloutCorrection
-) -> Tensor | None:
+def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor | None:
     """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W.
 
-    Shapes as in :func:`correction_weight`; padding gets log w = 0.
+    Shapes as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
     """
-    log_rho = _log_rho(old_logp, rollout_logp, cfg)
+    log_rho = _log_rho(rollout_d, cfg)
     if log_rho is None:
         return None
     log_c = math.log(cfg.threshold)
@@ -76,15 +74,15 @@ def correction_log_weight(
         log_w = torch.where(log_rho <= log_c, log_rho, torch.full_like(log_rho, LOG_W_MIN))
     log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
     if cfg.mode.endswith("_token"):
-        log_w = torch.where(mask, log_w, log_w.new_zeros(()))
+        log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
     return log_w
 
 
-def _log_rho(old_logp: Tensor, rollout_logp: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
+def _log_rho(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
     """log(pi_old / pi_rollout) per token [B, T], or summed per sequence [B, 1] for *_seq modes."""
     if cfg.mode == "none":
         return None
-    if rollout_logp is None:
+    if rollout_d is None:
         raise ValueError(f"rollout_correction.mode={cfg.mode!r} needs rollout_logp, but rollout_logp is None")
-    log_rho = (old_logp - rollout_logp).detach()  # [B, T], 0 on padding
+    log_rho = -rollout_d.detach()  # [B, T], 0 on padding
     return log_rho.sum(dim=-1, keepdim=True) if cfg.mode.endswith("_seq") else log_rho

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, apply_rollout_correction, check_range, finish, token_ratio
+from vespo.losses.base import LossConfig, check_range, clamp_pass, finish, rollout_corrected, token_ratio
 from vespo.losses.registry import LossSpec, register
 from vespo.types import LossOutput
 
@@ -50,9 +50,16 @@ def sapo_loss(
     """-sigmoid(tau (r - 1)) * 4 / tau * A per token, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     tau = torch.where(inp.adv > 0, inp.adv.new_tensor(cfg.tau_pos), inp.adv.new_tensor(cfg.tau_neg))  # [B, 1]|[B, T]
-    gate = torch.sigmoid(tau * (token_ratio(inp) - 1.0)) * (4.0 / tau)  # [B, T]
-    loss_mat = apply_rollout_correction(-gate * inp.adv, inp, cfg)
-    return finish(loss_mat, inp, cfg, normalizer, {})
+    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T]
+    sig = torch.sigmoid(tau * (ratio - 1.0))  # [B, T]
+    loss_mat = (sig * (4.0 / tau)).mul_(-inp.adv)  # [B, T] -gate * A
+    # d loss / d logp = -A (4 / tau) sig (1 - sig) tau r   (sigmoid' = sig (1 - sig); dr / dlogp = r)
+    coef = (1.0 - sig).mul_(sig).mul_(ratio).mul_(-inp.adv * (4.0 / tau) * tau).mul_(inp.mask_f)  # [B, T]
+    passes = clamp_pass(inp, inp.clamped_log_ratio)
+    if passes is not None:
+        coef.mul_(passes)  # the +-20 clamp of the log-ratio stops the gradient where it binds
+    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
+    return finish(loss_mat, coef, inp, cfg, normalizer, {})
 
 
 register(LossSpec("sapo", sapo_loss, SapoConfig))

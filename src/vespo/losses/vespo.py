@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses._checks import LossInputs, prepare_inputs
-from vespo.losses.base import TOKEN_LOG_RATIO_CLAMP, LossConfig, check_choice, check_range, finish
+from vespo.losses.base import LossConfig, check_choice, check_range, finish
 from vespo.losses.diagnostics import phi_metrics
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
@@ -66,16 +66,17 @@ def vespo_loss(
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     log_w = vespo_log_weight(inp, cfg)  # [B, 1]
     phi = gamma_phi(log_w, inp.adv, cfg)  # [B, 1] or [B, T], detached
-    loss_mat = -phi * inp.adv * inp.logp  # [B, T]
+    coef = -phi * inp.adv  # [B, 1] or [B, T] (0 on padding: adv is): d loss_it / d logp_it
+    loss_mat = coef * inp.logp  # [B, T]
     valid = inp.seq_valid[:, None] if phi.shape[-1] == 1 else inp.mask
-    return finish(loss_mat, inp, cfg, normalizer, phi_metrics(phi, inp.adv >= 0, valid))
+    return finish(loss_mat, coef, inp, cfg, normalizer, phi_metrics(phi, inp.adv >= 0, valid))
 
 
+@torch.no_grad()
 def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
     """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
-    token_lr = inp.log_ratio.detach().clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # [B, T]
-    log_w = token_lr.sum(dim=-1, keepdim=True)  # [B, 1]
-    correction = correction_log_weight(inp.old_logp, inp.rollout_logp, inp.mask, cfg.rollout_correction)
+    log_w = inp.clamped_log_ratio.sum(dim=-1, keepdim=True)  # [B, 1]
+    correction = correction_log_weight(inp.rollout_d, inp.mask_f, cfg.rollout_correction)
     if correction is not None:
         log_w = log_w + correction.sum(dim=-1, keepdim=True)
     lengths = inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
