@@ -119,3 +119,24 @@ def test_a_finished_run_directory_is_not_overwritten(make_cfg):
     train(cfg)
     with pytest.raises(FileExistsError, match="--resume"):
         train(cfg)
+
+
+def test_micro_batch_accumulation_gives_the_same_update(make_cfg):
+    """Gradient accumulation over micro-batches uses the whole mini-batch's normalizer."""
+    from vespo.buffer import split_minibatches
+    from vespo.trainer.sync import set_behavior
+
+    results = []
+    for micro in (0, 4):
+        parts = build(make_cfg("staleness.n=1", f"optim.micro_batch_size={micro}", "optim.grad_clip=0"))
+        batch, _ = parts.producer.produce(8, seed=5, first_group_id=0)
+        batch.old_logp = None
+        [mb] = split_minibatches(batch, 1)
+        set_behavior(parts, [mb])
+        mb.old_logp = mb.old_logp + 0.1 * torch.randn(mb.old_logp.shape, generator=torch.Generator().manual_seed(0))
+        res = parts.learner.update(mb)
+        results.append((res.metrics["optim/grad_norm"], [p.detach().clone() for p in parts.policy.parameters()]))
+    (g0, p0), (g1, p1) = results
+    assert float(g0) == pytest.approx(float(g1), rel=1e-4)
+    for a, b in zip(p0, p1):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
