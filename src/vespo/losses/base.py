@@ -95,13 +95,15 @@ def finish(
     on padding, or [B, 1] (masked in the backward pass).
     """
     with torch.no_grad():
+        scratch = None
         if loss_mat.shape[-1] == 1 and inp.mask.shape[-1] != 1:
             value = reduce_rows(loss_mat[:, 0] * inp.tokens, inp.tokens, cfg.agg, normalizer)
         else:
             value = reduce_masked(loss_mat.mul_(inp.mask_f), inp.tokens, cfg.agg, normalizer)
+            scratch = loss_mat if loss_mat.shape == inp.mask.shape else None  # no longer needed: reuse it
         scale = agg_grad_scale(inp.tokens, cfg.agg, normalizer)  # [] or [B, 1]
-        metrics = base_metrics(value, inp.log_ratio.sum(dim=-1), inp.seq_valid, inp.clamped_log_ratio,
-                               inp.tokens, inp.rollout_d)
+        metrics = base_metrics(value, inp.row_log_ratio, inp.seq_valid, inp.clamped_log_ratio,
+                               inp.tokens, inp.rollout_d, scratch)
     loss = _CoefficientGradient.apply(inp.logp_in, value, coef, scale, inp.mask_f)
     return LossOutput(loss=loss, metrics={**metrics, **extra_metrics})
 
@@ -147,7 +149,12 @@ def clamp_pass(inp: LossInputs, lr_c: Tensor) -> Tensor | None:
     return indicator(torch.eq, lr_c, inp.log_ratio)  # [B, T]
 
 
-def indicator(compare, a: Tensor, b: Tensor | float) -> Tensor:
-    """compare(a, b) as 0.0 / 1.0 in a's dtype (a float mask multiplies much faster than a bool one)."""
-    shape = a.shape if not isinstance(b, Tensor) else torch.broadcast_shapes(a.shape, b.shape)
-    return compare(a, b, out=torch.empty(shape, dtype=a.dtype, device=a.device))
+def indicator(compare, a: Tensor, b: Tensor | float, out: Tensor | None = None) -> Tensor:
+    """compare(a, b) as 0.0 / 1.0 in a's dtype, written to ``out`` if given (else a new tensor).
+
+    A float mask multiplies much faster than a bool one on CPU; reusing ``out`` saves an allocation.
+    """
+    if out is None:
+        shape = a.shape if not isinstance(b, Tensor) else torch.broadcast_shapes(a.shape, b.shape)
+        out = torch.empty(shape, dtype=a.dtype, device=a.device)
+    return compare(a, b, out=out)

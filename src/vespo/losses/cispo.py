@@ -54,17 +54,19 @@ def cispo_loss(
     ratio = token_ratio(inp.clamped_log_ratio)  # [B, T], 1 on padding
     low = None if cfg.eps_low is None else 1.0 - cfg.eps_low
     high = 1.0 + cfg.eps_high
-    coef = ratio.clamp(min=low, max=high).mul_(-inp.adv).mul_(inp.mask_f)  # [B, T] -clip(r) A, 0 on padding
-    loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
-    return finish(loss_mat, coef, inp, cfg, normalizer, _clip_fractions(ratio, low, high, inp.tokens))
+    buffer = torch.empty_like(ratio)  # [B, T] the clip flags, then the loss
+    metrics = _clip_fractions(ratio, low, high, inp.tokens, buffer)
+    coef = ratio.clamp_(min=low, max=high).mul_(-inp.adv).mul_(inp.mask_f)  # [B, T] -clip(r) A, 0 on padding
+    loss_mat, coef = rollout_corrected(torch.mul(coef, inp.logp, out=buffer), coef, inp, cfg)  # [B, T]
+    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
 
 
-def _clip_fractions(ratio: Tensor, low: float | None, high: float, tokens: Tensor) -> dict[str, Tensor]:
+def _clip_fractions(ratio: Tensor, low: float | None, high: float, tokens: Tensor, out: Tensor) -> dict[str, Tensor]:
     """Valid tokens whose weight was cut at the lower / upper bound (padding has r = 1, inside both)."""
     n_low = torch.zeros((), dtype=torch.int64, device=ratio.device)
     if low is not None:
-        n_low = indicator(torch.lt, ratio, low).sum(dim=-1).to(torch.int64).sum()
-    n_high = indicator(torch.gt, ratio, high).sum(dim=-1).to(torch.int64).sum()
+        n_low = indicator(torch.lt, ratio, low, out).sum(dim=-1).to(torch.int64).sum()
+    n_high = indicator(torch.gt, ratio, high, out).sum(dim=-1).to(torch.int64).sum()
     return clip_metrics(n_low, n_high, tokens)
 
 

@@ -97,12 +97,13 @@ def kl_metrics(d: Tensor, tokens: Tensor, prefix: str) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def policy_kl_metrics(clamped_log_ratio: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+def policy_kl_metrics(clamped_log_ratio: Tensor, tokens: Tensor, out: Tensor | None = None) -> dict[str, Tensor]:
     """kl/k1 and kl/k3 from the +-20-clamped log(pi_theta / pi_old) [B, T] (0 on padding): d = -log ratio.
 
-    The same numbers as kl_metrics(-log ratio, tokens, "kl"), without its (here idle) clamp.
+    The same numbers as kl_metrics(-log ratio, tokens, "kl"), without its (here idle) clamp; ``out``
+    ([B, T], optional) is a scratch buffer that saves an allocation.
     """
-    d = -clamped_log_ratio  # [B, T]
+    d = torch.neg(clamped_log_ratio, out=out) if out is not None else -clamped_log_ratio  # [B, T]
     n = tokens.sum().clamp(min=1)
     k1_sum = d.sum()
     return {"kl/k1": k1_sum / n, "kl/k3": (d.expm1_().sum() - k1_sum) / n}
@@ -148,14 +149,21 @@ def phi_metrics(phi: Tensor, nonneg_adv: Tensor, valid: Tensor) -> dict[str, Ten
 
 
 def base_metrics(
-    loss: Tensor, log_w: Tensor, seq_valid: Tensor, clamped_log_ratio: Tensor, tokens: Tensor, rollout_d: Tensor | None
+    loss: Tensor,
+    log_w: Tensor,
+    seq_valid: Tensor,
+    clamped_log_ratio: Tensor,
+    tokens: Tensor,
+    rollout_d: Tensor | None,
+    scratch: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given).
 
-    ``clamped_log_ratio [B, T]`` is log(pi_theta / pi_old) clamped to +-20, 0 on padding.
+    ``clamped_log_ratio [B, T]`` is log(pi_theta / pi_old) clamped to +-20, 0 on padding;
+    ``scratch`` an optional [B, T] buffer the caller no longer needs.
     """
     metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid),
-               **policy_kl_metrics(clamped_log_ratio, tokens)}
+               **policy_kl_metrics(clamped_log_ratio, tokens, scratch)}
     if rollout_d is not None:
         metrics.update(kl_metrics(rollout_d, tokens, "rollout"))
     return metrics

@@ -72,27 +72,31 @@ def grpo_loss(
 def clipped_surrogate(
     ratio: Tensor, adv: Tensor, tokens: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """PPO's clipped loss per token, its coefficient on grad r / r, and its clip fractions; shared with GSPO.
+    """PPO's clipped loss per token, its gradient coefficient and its clip fractions; shared with GSPO.
 
     max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) is -A min(r, 1 + eps_high) for A > 0 and
     -A max(r, 1 - eps_low) for A < 0; the dual clip min(., -A c) caps the latter at r = c. So the
     loss is -A clamp(r, lo, hi) with bounds picked by the sign of A, and its derivative w.r.t. log r
     is -A r where lo <= r <= hi, else 0 (the coefficient returned, not yet masked).
-    ``ratio`` is [B, T] (1 on padding, where nothing clips) or [B, 1] (GSPO's sequence ratio).
+    ``ratio`` is [B, T] (1 on padding, where nothing clips) or [B, 1] (GSPO's sequence ratio);
+    it is consumed (the coefficient may be written into it).
     """
     neg = adv < 0  # [B, 1] or [B, T]
     inf = torch.full_like(adv, torch.inf)
     lo = torch.where(neg, adv.new_tensor(1.0 - eps_low), -inf)
     hi = torch.where(neg, inf if dual_clip_c is None else adv.new_tensor(dual_clip_c), adv.new_tensor(1.0 + eps_high))
     clipped = ratio.clamp(lo, hi)  # [B, T]
-    loss_mat = -adv * clipped  # [B, T]
-    coef = (ratio * -adv).mul_(indicator(torch.eq, clipped, ratio))  # [B, T]
-    above = indicator(torch.lt, clipped, ratio)  # cut by hi: A > 0 above 1 + eps_high, or A < 0 above c
-    below = indicator(torch.gt, clipped, ratio)  # cut by lo: A < 0 below 1 - eps_low
-    metrics = clip_metrics(_count(below, neg, tokens), _count(above, adv > 0, tokens), tokens)
+    flags = torch.empty_like(clipped)  # [B, T] one buffer for the three 0/1 flags below
+    above = indicator(torch.lt, clipped, ratio, flags)  # cut by hi: A > 0 above 1 + eps_high, or A < 0 above c
+    n_high, n_dual = _count(above, adv > 0, tokens), _count(above, neg, tokens)
+    below = indicator(torch.gt, clipped, ratio, flags)  # cut by lo: A < 0 below 1 - eps_low
+    metrics = clip_metrics(_count(below, neg, tokens), n_high, tokens)
     if dual_clip_c is not None:
-        metrics["loss/dual_clip_frac"] = _count(above, neg, tokens) / token_count(tokens).clamp(min=1)
-    return loss_mat, coef, metrics
+        metrics["loss/dual_clip_frac"] = n_dual / token_count(tokens).clamp(min=1)
+    inside = indicator(torch.eq, clipped, ratio, flags)  # lo <= r <= hi: the gradient passes
+    coef = ratio.mul_(-adv) if ratio.shape == clipped.shape else ratio * -adv  # -A r
+    loss_mat = clipped.mul_(-adv)  # [B, T] -A clamp(r, lo, hi)
+    return loss_mat, coef.mul_(inside), metrics
 
 
 def _count(flags: Tensor, select: Tensor, tokens: Tensor) -> Tensor:

@@ -56,7 +56,7 @@ def gspo_loss(
 ) -> LossOutput:
     """The clipped surrogate on the sequence ratio s_i in its token form, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    log_s = inp.log_ratio.sum(dim=-1, keepdim=True) / inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    log_s = (inp.row_log_ratio / inp.tokens.clamp(min=1.0))[:, None]  # [B, 1]
     ratio = torch.exp(log_s.clamp(max=LOG_S_MAX))  # [B, 1]: s_it's value, the same for every token of row i
     loss_mat, coef, metrics = clipped_surrogate(ratio, inp.adv, inp.tokens, cfg.eps_low, cfg.eps_high, None)
     coef = coef * (log_s <= LOG_S_MAX)  # the clamp at 10 stops the gradient where it binds

@@ -47,7 +47,11 @@ def reinforce_loss(
 ) -> LossOutput:
     """Policy gradient -sg[w] * A * logp, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    coef = -inp.adv if cfg.is_level == "none" else _importance_weight(inp, cfg.is_level) * -inp.adv
+    if cfg.is_level == "none":
+        coef = -inp.adv  # [B, 1] or [B, T]
+    else:
+        weight = _importance_weight(inp, cfg.is_level)  # [B, T] or [B, 1]
+        coef = weight.mul_(-inp.adv) if weight.shape[-1] != 1 else weight * -inp.adv  # [B, T] or [B, 1]
     if coef.shape[-1] != 1 and inp.adv.shape[-1] == 1:
         coef.mul_(inp.mask_f)  # [B, T], 0 on padding
     loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
@@ -55,11 +59,10 @@ def reinforce_loss(
 
 
 def _importance_weight(inp: LossInputs, level: str) -> Tensor:
-    """The detached weight: r_t [B, T] (token) or W_i [B, 1] (sequence)."""
-    clamped = inp.clamped_log_ratio  # [B, T]
+    """The detached weight, a new tensor: r_t [B, T] (token) or W_i [B, 1] (sequence)."""
     if level == "token":
-        return clamped.exp()
-    return clamped.sum(dim=-1, keepdim=True).clamp(max=LOG_W_MAX).exp()  # [B, 1]
+        return inp.clamped_log_ratio.exp()
+    return inp.row_clamped_log_ratio[:, None].clamp(max=LOG_W_MAX).exp()  # [B, 1]
 
 
 register(LossSpec("reinforce", reinforce_loss, ReinforceConfig))

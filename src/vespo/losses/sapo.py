@@ -51,10 +51,12 @@ def sapo_loss(
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     tau = torch.where(inp.adv > 0, inp.adv.new_tensor(cfg.tau_pos), inp.adv.new_tensor(cfg.tau_neg))  # [B, 1]|[B, T]
     ratio = token_ratio(inp.clamped_log_ratio)  # [B, T]
-    sig = torch.sigmoid(tau * (ratio - 1.0))  # [B, T]
+    sig = (ratio - 1.0).mul_(tau).sigmoid_()  # [B, T] sigmoid(tau (r - 1))
     loss_mat = (sig * (4.0 / tau)).mul_(-inp.adv)  # [B, T] -gate * A
     # d loss / d logp = -A (4 / tau) sig (1 - sig) tau r   (sigmoid' = sig (1 - sig); dr / dlogp = r)
-    coef = (1.0 - sig).mul_(sig).mul_(ratio).mul_(-inp.adv * (4.0 / tau) * tau).mul_(inp.mask_f)  # [B, T]
+    coef = ratio.mul_(sig)  # [B, T] r sig, in r's storage
+    coef.mul_(sig.neg_().add_(1.0))  # r sig (1 - sig)
+    coef.mul_(-inp.adv * (4.0 / tau) * tau).mul_(inp.mask_f)  # 0 on padding
     passes = clamp_pass(inp, inp.clamped_log_ratio)
     if passes is not None:
         coef.mul_(passes)  # the +-20 clamp of the log-ratio stops the gradient where it binds

@@ -75,7 +75,7 @@ def vespo_loss(
 @torch.no_grad()
 def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
     """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
-    log_w = inp.clamped_log_ratio.sum(dim=-1, keepdim=True)  # [B, 1]
+    log_w = inp.row_clamped_log_ratio[:, None]  # [B, 1]
     correction = correction_log_weight(inp.rollout_d, inp.mask_f, cfg.rollout_correction)
     if correction is not None:
         log_w = log_w + correction.sum(dim=-1, keepdim=True)
