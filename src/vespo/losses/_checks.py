@@ -5,9 +5,9 @@ detached copies that are finite everywhere, plus the log-ratio that is 0 on padd
 may hold anything (-inf, NaN, garbage) without reaching the loss or its gradient. Unmasked
 NaN/inf is an error naming the tensor: real data is never silently zeroed.
 
-Fast path (one host sync): if the plain sum of every input is finite, every element is finite
-and nothing needs cleaning; the same sync reads the log-ratio's range, which tells the losses
-whether the +-20 token clamp binds anywhere. Only when some sum is not finite do we clean with
+Fast path (one host sync): if (logp - old_logp) * mask has a finite min and max, and the other
+inputs a finite sum, every element is finite and nothing needs cleaning; the same range tells
+the losses whether the +-20 token clamp binds anywhere. Only when some sum is not finite do we clean with
 torch.where (slower) and look for unmasked NaN/inf.
 """
 
@@ -90,13 +90,17 @@ def _prepare(
         raw["rollout_logp"] = rollout_logp.detach().to(logp.dtype)
     adv = advantages.detach().to(logp.dtype)
     raw["advantages"] = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    # Differences times the mask are finite everywhere iff both terms are (NaN or inf times 0 is NaN).
     log_ratio = (raw["logp"] - raw["old_logp"]).mul_(mask_f)  # [B, T], 0 on padding
-    finite, lr_range = _fast_path_check(raw, mask, log_ratio)
+    rollout_d = None if rollout_logp is None else (raw["rollout_logp"] - raw["old_logp"]).mul_(mask_f)  # [B, T]
+    finite, lr_range = _fast_path_check(log_ratio, rollout_d, raw["advantages"], mask)
     if finite:
         clean = {**raw, "advantages": _zero_invalid_advantages(raw["advantages"], tokens, mask_f)}
     else:
         clean = _clean_slow(raw, mask_b, tokens, mask)
         log_ratio = clean["logp"] - clean["old_logp"]  # [B, T], 0 on padding
+        if rollout_d is not None:
+            rollout_d = clean["rollout_logp"] - clean["old_logp"]  # [B, T], 0 on padding
         lr_range = _range(log_ratio).tolist()
     return LossInputs(
         logp_in=logp,
@@ -107,21 +111,27 @@ def _prepare(
         mask_f=mask_f,
         tokens=tokens,
         log_ratio=log_ratio,
-        rollout_d=None if rollout_logp is None else (clean["rollout_logp"] - clean["old_logp"]) * mask_f,
+        rollout_d=rollout_d,
         clamp_binds=not (-TOKEN_LOG_RATIO_CLAMP <= lr_range[0] and lr_range[1] <= TOKEN_LOG_RATIO_CLAMP),
     )
 
 
-def _fast_path_check(raw: dict[str, Tensor], mask: Tensor, log_ratio: Tensor) -> tuple[bool, list[float]]:
+def _fast_path_check(
+    log_ratio: Tensor, rollout_d: Tensor | None, adv: Tensor, mask: Tensor
+) -> tuple[bool, list[float]]:
     """One host sync: whether every input is finite everywhere (and the mask 0/1), and log_ratio's [min, max].
 
-    A sum of finite values is finite (barring overflow, which only sends us to the slow path).
+    log_ratio is finite iff logp and old_logp are (its min and max propagate NaN and inf); a sum of
+    finite values is finite (barring overflow, which only sends us to the slow path).
     """
-    sums = [x.sum(dtype=torch.float32 if x.element_size() < 4 else None).to(log_ratio.dtype) for x in raw.values()]
+    checks = [_range(log_ratio), adv.sum(dtype=torch.float32 if adv.element_size() < 4 else None)[None]]
+    if rollout_d is not None:
+        checks.append(rollout_d.sum()[None])
     if mask.dtype != torch.bool:
-        sums.append(torch.where(((mask == 0) | (mask == 1)).all(), 0.0, math.nan).to(log_ratio.dtype))
-    values = torch.cat([torch.stack(sums), _range(log_ratio)]).tolist()
-    return all(math.isfinite(v) for v in values[:-2]), values[-2:]
+        checks.append(torch.where(((mask == 0) | (mask == 1)).all(), 0.0, math.nan)[None])
+    dtype = torch.promote_types(log_ratio.dtype, torch.float32)
+    values = torch.cat([c.to(dtype) for c in checks]).tolist()
+    return all(math.isfinite(v) for v in values), values[:2]
 
 
 def _range(x: Tensor) -> Tensor:

@@ -41,7 +41,8 @@ def masked_quantiles(x: Tensor, valid: Tensor, qs: tuple[float, ...]) -> list[Te
         return [x.new_zeros(()) for _ in qs]
     values = torch.where(valid, x, torch.full_like(x, math.inf)).flatten().sort().values  # valid ones first
     n = torch.count_nonzero(valid)
-    pos = torch.tensor(qs, dtype=x.dtype, device=x.device) * (n - 1).clamp(min=0).to(x.dtype)  # [Q]
+    last = (n - 1).clamp(min=0).to(x.dtype)
+    pos = torch.stack([q * last for q in qs])  # [Q] (python-float q times a tensor, as before, for equal rounding)
     lo, hi = pos.floor().long(), pos.ceil().long()
     value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))  # [Q]
     return list(torch.where(n > 0, value, x.new_zeros(())).unbind())
