@@ -43,7 +43,9 @@ def test_every_grid_point_is_a_finished_run_directory(quick_sweep):
 
 def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     out, argv = quick_sweep
-    jobs = sweep.plan(load_sweep(QUICK), out)
+    spec = load_sweep(QUICK)
+    spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
+    jobs = sweep.plan(spec, out)
     assert {j.action for j in jobs} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
     assert sweep.main(argv) == 0

@@ -233,7 +233,7 @@ def curve_figure(record: dict, results: list[RunResult], panel: str | None, curv
         ax.set_xlabel("rollout step")
         ax.grid(alpha=0.3)
         if logy:
-            ax.set_yscale("symlog", linthresh=1e-4) if metric.endswith("k3") else ax.set_yscale("log")
+            ax.set_yscale("symlog", linthresh=1e-4)  # log above 1e-4, linear through 0
     for ax in list(axs.flat)[len(keys):]:
         ax.set_visible(False)
     axs[0][0].set_ylabel(ylabel)
@@ -267,8 +267,7 @@ def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: st
         figures.append(curve_figure(record, results, panel, curves, metric, ylabel, logy, out / f"{stem}.png",
                                     record["name"]))
     if panel and curves:  # equal-N view: panels by the first curve axis, curves by the panel axis
-        swapped = [a for a in [panel] + curves[1:]]
-        figures.append(curve_figure(record, results, curves[0], swapped, "reward/mean", "reward", False,
+        figures.append(curve_figure(record, results, curves[0], [panel] + curves[1:], "reward/mean", "reward", False,
                                     out / "reward_equal_curve.png", record["name"]))
     path = out / "report.md"
     path.write_text(markdown(record, results, figures))
