@@ -87,19 +87,22 @@ def finish(
     cfg: LossConfig,
     normalizer: float | Tensor | None,
     extra_metrics: dict[str, Tensor],
+    loss_masked: bool = False,
 ) -> LossOutput:
     """Aggregate the per-token loss by ``cfg.agg``, attach its gradient to logp, add the shared metrics.
 
-    ``loss_mat`` is the detached per-token loss: [B, T], finite, masked here in place; or [B, 1],
-    the same value on every valid token of a row. ``coef`` is d loss_it / d logp_it: [B, T] and 0
-    on padding, or [B, 1] (masked in the backward pass).
+    ``loss_mat`` is the detached per-token loss: [B, T], finite, masked here in place unless
+    ``loss_masked`` says it is 0 on padding already; or [B, 1], the same value on every valid token
+    of a row. ``coef`` is d loss_it / d logp_it: [B, T] and 0 on padding, or [B, 1] (masked in the
+    backward pass).
     """
     with torch.no_grad():
         scratch = None
         if loss_mat.shape[-1] == 1 and inp.mask.shape[-1] != 1:
             value = reduce_rows(loss_mat[:, 0] * inp.tokens, inp.tokens, cfg.agg, normalizer)
         else:
-            value = reduce_masked(loss_mat.mul_(inp.mask_f), inp.tokens, cfg.agg, normalizer)
+            masked = loss_mat if loss_masked else loss_mat.mul_(inp.mask_f)  # [B, T]
+            value = reduce_masked(masked, inp.tokens, cfg.agg, normalizer)
             scratch = loss_mat if loss_mat.shape == inp.mask.shape else None  # no longer needed: reuse it
         scale = agg_grad_scale(inp.tokens, cfg.agg, normalizer)  # [] or [B, 1]
         metrics = base_metrics(value, inp.row_log_ratio, inp.seq_valid, inp.clamped_log_ratio,

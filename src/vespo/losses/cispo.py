@@ -58,7 +58,7 @@ def cispo_loss(
     metrics = _clip_fractions(ratio, low, high, inp.tokens, buffer)
     coef = ratio.clamp_(min=low, max=high).mul_(-inp.adv).mul_(inp.mask_f)  # [B, T] -clip(r) A, 0 on padding
     loss_mat, coef = rollout_corrected(torch.mul(coef, inp.logp, out=buffer), coef, inp, cfg)  # [B, T]
-    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
+    return finish(loss_mat, coef, inp, cfg, normalizer, metrics, loss_masked=True)
 
 
 def _clip_fractions(ratio: Tensor, low: float | None, high: float, tokens: Tensor, out: Tensor) -> dict[str, Tensor]:

@@ -54,8 +54,9 @@ def reinforce_loss(
         coef = weight.mul_(-inp.adv) if weight.shape[-1] != 1 else weight * -inp.adv  # [B, T] or [B, 1]
     if coef.shape[-1] != 1 and inp.adv.shape[-1] == 1:
         coef.mul_(inp.mask_f)  # [B, T], 0 on padding
+    masked = coef.shape[-1] != 1  # a [B, T] coefficient is 0 on padding, and so is coef * logp
     loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
-    return finish(loss_mat, coef, inp, cfg, normalizer, {})
+    return finish(loss_mat, coef, inp, cfg, normalizer, {}, loss_masked=masked)
 
 
 def _importance_weight(inp: LossInputs, level: str) -> Tensor:

@@ -69,7 +69,8 @@ def vespo_loss(
     coef = -phi * inp.adv  # [B, 1] or [B, T] (0 on padding: adv is): d loss_it / d logp_it
     loss_mat = coef * inp.logp  # [B, T]
     valid = inp.seq_valid[:, None] if phi.shape[-1] == 1 else inp.mask
-    return finish(loss_mat, coef, inp, cfg, normalizer, phi_metrics(phi, inp.adv >= 0, valid))
+    metrics = phi_metrics(phi, inp.adv >= 0, valid)
+    return finish(loss_mat, coef, inp, cfg, normalizer, metrics, loss_masked=coef.shape[-1] != 1)
 
 
 @torch.no_grad()
