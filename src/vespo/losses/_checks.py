@@ -7,7 +7,7 @@ NaN/inf is an error naming the tensor: real data is never silently zeroed.
 
 Fast path (one host sync): if (logp - old_logp) * mask has a finite min and max, and the other
 inputs a finite sum, every element is finite and nothing needs cleaning; the same range tells
-the losses whether the +-20 token clamp binds anywhere. Only when some sum is not finite do we clean with
+the losses whether the +-20 token clamp binds anywhere. Only when a check fails do we clean with
 torch.where (slower) and look for unmasked NaN/inf.
 """
 

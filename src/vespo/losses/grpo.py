@@ -88,10 +88,11 @@ def clipped_surrogate(
     clipped = ratio.clamp(lo, hi)  # [B, T]
     flags = torch.empty_like(clipped)  # [B, T] one buffer for the three 0/1 flags below
     above = indicator(torch.lt, clipped, ratio, flags)  # cut by hi: A > 0 above 1 + eps_high, or A < 0 above c
-    n_high, n_dual = _count(above, adv > 0, tokens), _count(above, neg, tokens)
+    n_high = _count(above, adv > 0, tokens)
+    n_dual = None if dual_clip_c is None else _count(above, neg, tokens)
     below = indicator(torch.gt, clipped, ratio, flags)  # cut by lo: A < 0 below 1 - eps_low
     metrics = clip_metrics(_count(below, neg, tokens), n_high, tokens)
-    if dual_clip_c is not None:
+    if n_dual is not None:
         metrics["loss/dual_clip_frac"] = n_dual / token_count(tokens).clamp(min=1)
     inside = indicator(torch.eq, clipped, ratio, flags)  # lo <= r <= hi: the gradient passes
     coef = ratio.mul_(-adv) if ratio.shape == clipped.shape else ratio * -adv  # -A r
