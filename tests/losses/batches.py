@@ -20,10 +20,14 @@ def make_batch(B=6, T=7, scale=0.3, seed=0, dtype=torch.float64, token_adv=False
     batch = {"logp": logp, "old_logp": old_logp, "advantages": adv, "mask": mask}
     if rollout:
         batch["rollout_logp"] = old_logp - 0.5 * torch.randn(B, T, generator=g, dtype=dtype)
-    fill = {"nan": float("nan"), "-inf": -float("inf"), "zero": 0.0}[pad]
     for name in ("logp", "old_logp", "rollout_logp"):
         if name in batch:
-            batch[name] = batch[name].masked_fill(~mask, fill)
+            if pad == "garbage":  # finite values far outside any real log-prob, different per tensor
+                fill = 60 * torch.randn(B, T, generator=g, dtype=dtype)
+                batch[name] = torch.where(mask, batch[name], fill)
+            else:
+                fill = {"nan": float("nan"), "-inf": -float("inf"), "zero": 0.0}[pad]
+                batch[name] = batch[name].masked_fill(~mask, fill)
     return batch
 
 

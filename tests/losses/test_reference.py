@@ -76,3 +76,19 @@ def test_reference_disagrees_with_a_wrong_loss():
     loss, grad, _, _ = run_both("vespo", batch, wrong)
     _, _, ref_loss, ref_grad = run_both("vespo", batch, right)
     assert not torch.allclose(grad, ref_grad, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("pad", ["zero", "garbage"])
+def test_finite_padding_takes_the_fast_path_and_still_matches(name, pad):
+    """Clean (finite) padding skips the NaN-cleaning path; values must not depend on it."""
+    for scale, rollout in ((0.1, False), (8.0, False), (0.3, True)):
+        batch = make_batch(scale=scale, seed=11, pad=pad, rollout=rollout)
+        mode = "tis_token" if rollout else "none"
+        cfg = get_loss(name).config_cls(rollout_correction={"mode": mode, "threshold": 1.5})
+        assert_matches(name, batch, cfg)
+        nan_batch = make_batch(scale=scale, seed=11, pad="nan", rollout=rollout)
+        a, ga, _, _ = run_both(name, batch, cfg)
+        b, gb, _, _ = run_both(name, nan_batch, cfg)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-14)
