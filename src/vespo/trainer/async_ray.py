@@ -47,7 +47,7 @@ from vespo.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_ch
 from vespo.trainer.producer import PromptBatch
 from vespo.trainer.runlog import GracefulInterrupt, RunLog, console, progress_bar
 from vespo.trainer.setup import Parts, build
-from vespo.trainer.sync import _seed, _summary, evaluate, print_summary, set_behavior
+from vespo.trainer.sync import evaluate, print_summary, run_summary, set_behavior, step_seed
 from vespo.trainer.workers import remote_worker_class
 
 PREFETCH = 2  # rollout calls queued per worker, so it never idles between two mini-batches
@@ -159,7 +159,7 @@ class AsyncTrainer:
         self.checkpoint()
         self.versions_file.close()
         parts.engine.load_weights(parts.policy.state_dict(), self.learner.version)
-        summary = _summary(parts, before, evaluate(parts), history, status, time.perf_counter() - t_start)
+        summary = run_summary(parts, before, evaluate(parts), history, status, time.perf_counter() - t_start)
         summary.update({"mode": "async", "updates_done": self.queue.next_ticket, "weight_pushes": self.pushes,
                         "worker_restarts": sum(self.restarts)})
         runlog.write_summary(summary)
@@ -221,7 +221,7 @@ class AsyncTrainer:
         self.stream_states[i] = self.parts.stream.state_dict()
         prompts = self.parts.producer.sample(per_mb, first_group_id=i * per_mb)
         self.next_issue += 1
-        return Ticket(i, prompts, _seed(self.cfg, i, 1))
+        return Ticket(i, prompts, step_seed(self.cfg, i, 1))
 
     def submit(self, ticket: Ticket, worker: int) -> None:
         ticket.worker = worker

@@ -69,7 +69,7 @@ def _train(parts: Parts, resume: bool) -> dict:
         runlog.close()
         raise
     after = evaluate(parts)
-    summary = _summary(parts, before, after, history, status, time.perf_counter() - t_start)
+    summary = run_summary(parts, before, after, history, status, time.perf_counter() - t_start)
     runlog.write_summary(summary)
     runlog.close()
     print_summary(summary)
@@ -83,9 +83,9 @@ def train_step(parts: Parts, step: int) -> dict[str, float]:
     """Rollout, behavior log-probs, N stale updates, weight push. Returns the step's metrics."""
     cfg, learner = parts.cfg, parts.learner
     t0 = time.perf_counter()
-    batch, metrics = parts.producer.produce(cfg.rollout.prompts_per_step, seed=_seed(cfg, step, 1),
+    batch, metrics = parts.producer.produce(cfg.rollout.prompts_per_step, seed=step_seed(cfg, step, 1),
                                             first_group_id=step * cfg.rollout.prompts_per_step)
-    gen = torch.Generator().manual_seed(_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
+    gen = torch.Generator().manual_seed(step_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
     minibatches = split_minibatches(batch, cfg.staleness.n, gen)
     metrics.update(set_behavior(parts, minibatches))  # all before the first update: μ = version-v weights
     updates = []
@@ -126,7 +126,7 @@ def set_behavior(parts: Parts, minibatches: list[TrainBatch]) -> dict[str, float
     return mean_of(stats)
 
 
-def _seed(cfg: Config, step: int, stream: int) -> int:
+def step_seed(cfg: Config, step: int, stream: int) -> int:
     return (cfg.run.seed * 1_000_003 + step * 7919 + stream) % (2**62)
 
 
@@ -165,7 +165,7 @@ def _resume(parts: Parts) -> int:
     return int(state["step"])
 
 
-def _summary(parts: Parts, before: dict, after: dict, history: list[dict], status: str, seconds: float) -> dict:
+def run_summary(parts: Parts, before: dict, after: dict, history: list[dict], status: str, seconds: float) -> dict:
     rewards = [h["reward/mean"] for h in history]
     tail = rewards[-max(1, len(rewards) // 5):] if rewards else []
     return {
