@@ -57,7 +57,8 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[RunResult]]:
     results = [read_run(d) for d in sorted(sweep_dir.iterdir()) if (d / "lab.json").is_file()]
     if not results:
         raise FileNotFoundError(f"{sweep_dir}: no run directories yet")
-    return record, results
+    axes = [a["label"] for a in record["axes"]]
+    return record, sorted(results, key=lambda r: _order(record, axes, tuple(r.labels.get(a) for a in axes)))
 
 
 def read_run(run_dir: Path) -> RunResult:
@@ -275,9 +276,10 @@ def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: st
 
 
 def markdown(record: dict, results: list[RunResult], figures: list[Path]) -> str:
-    n_seeds = len({r.labels.get(SEED_AXIS) for r in results})
+    seeds = sorted({r.labels.get(SEED_AXIS) for r in results} - {None})
     lines = [f"## Sweep `{record['name']}`", "",
-             f"{len(results)} runs, {n_seeds} seed(s) per condition. Final = mean over the last 20% of rollout steps; "
+             f"{len(results)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + "; the runs column counts "
+             "each condition's runs (seeds). Final = mean over the last 20% of rollout steps; "
              "KL k3 = mean(exp(d) - 1 - d) per token between the behavior and the updated policy; engine KL = the "
              "same between rollout engine and trainer; collapsed = reward below half its best until the end, "
              "non-finite updates, or EOS rate below 0.5 until the end (at least 3 steps).", "",
