@@ -103,7 +103,11 @@ class OptimConfig:
 @dataclass
 class WarmStartConfig:
     enabled: bool = opt(True, "supervised warm start on the task's correct answers before RL (tiny models)")
-    steps: int = opt(200, "supervised steps", ge=0)
+    steps: int = opt(200, "supervised steps (the most, when target_accuracy is set)", ge=0)
+    target_accuracy: float = opt(0.0, "stop once the sampled accuracy (temperature as in rollout) on held-out "
+                                 "problems reaches this; 0 runs all `steps`. Gives every seed a similar start",
+                                 ge=0.0, le=1.0)
+    check_every: int = opt(10, "supervised steps between accuracy checks when target_accuracy is set", ge=1)
     lr: float = opt(1e-3, "supervised AdamW learning rate", gt=0.0)
     batch_size: int = opt(128, "supervised batch size", ge=1)
     cache_dir: str = opt("~/.cache/vespo/warmstart", "where warm-started weights are cached per task, model and seed")

@@ -139,9 +139,9 @@ def _action(run_dir: Path, retry_failed: bool) -> str:
 def _warm_key(cfg) -> str:
     if not cfg.warmstart.enabled or cfg.model.path is not None:
         return ""
-    from vespo.trainer.warmstart import _cache_path  # the trainer's own cache naming
+    from vespo.trainer.warmstart import warmstart_cache_path  # the trainer's own cache naming
 
-    return str(_cache_path(cfg))
+    return str(warmstart_cache_path(cfg))
 
 
 def print_plan(sweep: Sweep, jobs: list[Job]) -> None:

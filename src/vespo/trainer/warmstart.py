@@ -27,9 +27,10 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
         log(f"warm start: loaded cached weights {path}")
         return json.loads(path.with_suffix(".json").read_text())
     problems = task.generate(ws.steps * ws.batch_size, seed=10_000 + cfg.run.seed)  # disjoint from RL's seed
+    probe = AccuracyProbe(model, tokenizer, task, cfg) if ws.target_accuracy > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr)
     model.train()
-    loss = torch.zeros(())
+    loss, steps, accuracy = torch.zeros(()), 0, float("nan")
     for step in range(ws.steps):
         chunk = problems[step * ws.batch_size : (step + 1) * ws.batch_size]
         batch = sft_batch(chunk, task, tokenizer)
@@ -39,15 +40,53 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        steps = step + 1
+        if probe is not None and steps % ws.check_every == 0:
+            accuracy = probe(steps)
+            if accuracy >= ws.target_accuracy:
+                break
     model.eval()
-    stats = {"warmstart/final_loss": float(loss.detach()), "warmstart/steps": float(ws.steps)}
+    stats = {"warmstart/final_loss": float(loss.detach()), "warmstart/steps": float(steps),
+             "warmstart/sampled_accuracy": accuracy}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp))
     path.with_suffix(".json").write_text(json.dumps(stats))
     tmp.replace(path)
-    log(f"warm start: {ws.steps} supervised steps, final loss {stats['warmstart/final_loss']:.3f} -> {path}")
+    log(f"warm start: {steps} supervised steps, final loss {stats['warmstart/final_loss']:.3f}, "
+        f"sampled accuracy {accuracy:.3f} -> {path}")
     return stats
+
+
+class AccuracyProbe:
+    """Sampled accuracy of the model being warm-started, on fixed held-out problems."""
+
+    def __init__(self, model, tokenizer, task, cfg: Config, n: int = 128):
+        from vespo.rollout import HFEngine, SamplingParams
+
+        self.engine = HFEngine(model, tokenizer)
+        self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.problems = task.generate(n, seed=20_000 + cfg.run.seed)
+        self.prompt_ids = [encode_prompt(tokenizer, p.prompt) for p in self.problems]
+        r = cfg.rollout
+        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                       max_new_tokens=r.max_new_tokens or task.max_answer_chars + 2)
+        self.seed = cfg.run.seed
+
+    @torch.no_grad()
+    def __call__(self, version: int) -> float:
+        self.engine.load_weights(self.model.state_dict(), version)
+        rollout = self.engine.generate(self.prompt_ids, self.sampling, seed=self.seed)
+        hits = 0.0
+        for problem, ids, mask in zip(self.problems, rollout.response_ids, rollout.response_mask):
+            text = self.tokenizer.decode(ids[mask > 0].tolist(), skip_special_tokens=True)
+            hits += self.task.reward(text, problem.ground_truth)
+        return hits / len(self.problems)
+
+
+def warmstart_cache_path(cfg: Config) -> Path:
+    """Where the warm start of this config is cached (shared by runs that differ only after it)."""
+    return _cache_path(cfg)
 
 
 def sft_batch(problems, task, tokenizer):
@@ -66,6 +105,8 @@ def sft_batch(problems, task, tokenizer):
 def _cache_path(cfg: Config) -> Path:
     key = {"task": to_dict(cfg.task), "model": to_dict(cfg.model), "warmstart": to_dict(cfg.warmstart),
            "seed": cfg.run.seed, "version": 1}
+    if cfg.warmstart.target_accuracy > 0:  # the probe samples with the rollout settings
+        key["sampling"] = [cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens]
     key["warmstart"].pop("cache_dir")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{cfg.task.name}-{cfg.model.arch}-{cfg.model.size}-seed{cfg.run.seed}-{digest}.safetensors"
