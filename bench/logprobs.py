@@ -8,7 +8,7 @@ forward + backward of sum(logp), on CPU. Each case runs in a fresh subprocess, r
   beyond - extra minus the gradients every path must hold (weight grad V x H, hidden grad T x H,
            float32): what the log-prob method itself costs.
 Cases: naive (whole [T, V] log-softmax kept for backward; logp only), chunked at the default
-chunk size (``default_chunk_size(V)``) with and without entropy, and chunked at fixed sizes.
+chunk shape (``chunk_shape``: [min(T, 4096), 2^25 // that] logits per block) with and without entropy, and chunked at fixed sizes.
 "default+ent" is what ``response_logprobs`` does by default; it is compared with naive logp only,
 so it is charged for the entropy naive does not compute.
 Generation: HFEngine on the tiny dense and MoE models (size xs), batch 16, 64 new tokens.
@@ -47,13 +47,13 @@ def run_case(method: str, vocab: int, tokens: int, chunk_size: int, entropy: boo
     """Forward + backward of a bare LM head, `repeats` times; best time and peak memory."""
     import torch
 
-    from vespo.models.logprobs import _chunked, default_chunk_size
+    from vespo.models.logprobs import _chunked, chunk_shape
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, HIDDEN, generator=g).requires_grad_()  # [T, H]
     weight = (torch.randn(vocab, HIDDEN, generator=g) * 0.02).requires_grad_()  # [V, H]
     targets = torch.randint(vocab, (tokens,), generator=g)  # [T]
-    chunk = chunk_size or default_chunk_size(vocab)
+    chunk = chunk_shape(tokens, vocab, chunk_size or None)  # (tokens, vocab entries) per block
     base = rss_bytes()
     times = []
     for _ in range(repeats):
@@ -65,13 +65,13 @@ def run_case(method: str, vocab: int, tokens: int, chunk_size: int, entropy: boo
             logp = logsm.gather(-1, targets[:, None]).squeeze(-1)  # [T]
             del logsm
         else:
-            logp, _ = _chunked(hidden, weight, None, targets, 1.0, chunk, with_entropy=entropy)  # [T]
+            logp, _ = _chunked(hidden, weight, None, targets, 1.0, chunk_size or None, with_entropy=entropy)  # [T]
         logp.sum().backward()
         times.append(time.perf_counter() - start)
         del logp
     extra = max(peak_rss_bytes() - base, 0)
     must_hold = (vocab * HIDDEN + tokens * HIDDEN) * 4  # weight grad + hidden grad, float32
-    return {"seconds": min(times), "all_seconds": times, "chunk": chunk if method != "naive" else 0,
+    return {"seconds": min(times), "all_seconds": times, "block": list(chunk) if method != "naive" else None,
             "total_gb": peak_rss_bytes() / GB, "extra_gb": extra / GB, "beyond_gb": (extra - must_hold) / GB,
             "threads": torch.get_num_threads()}
 
@@ -91,7 +91,10 @@ def logprob_table(vocabs: list[int], token_counts: list[int], chunk_sizes: list[
                 load = os.getloadavg()[0]
                 args = [sys.executable, __file__, "--case", method, str(vocab), str(tokens), str(chunk),
                         str(int(entropy)), str(repeats)]
-                out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+                done = subprocess.run(args, capture_output=True, text=True)
+                if done.returncode:
+                    raise RuntimeError(f"case {label} V={vocab} T={tokens} failed:\n{done.stderr}")
+                out = done.stdout
                 rows.append({"V": vocab, "T": tokens, "label": label, "load": load, **json.loads(out)})
                 print(_format(rows[-1], rows), flush=True)
     return rows
@@ -99,9 +102,9 @@ def logprob_table(vocabs: list[int], token_counts: list[int], chunk_sizes: list[
 
 def _format(row: dict, rows: list[dict]) -> str:
     naive = next(r for r in rows if r["V"] == row["V"] and r["T"] == row["T"] and r["label"] == "naive")
-    label = row["label"] + (f" ({row['chunk']})" if row["chunk"] else "")
+    label = row["label"] + (" [{}x{}]".format(*row["block"]) if row["block"] else "")
     times = "/".join(f"{t:.1f}" for t in row["all_seconds"])
-    return (f"V={row['V']:>6} T={row['T']:>5} {label:>18}  total {row['total_gb']:5.2f} GB  "
+    return (f"V={row['V']:>6} T={row['T']:>5} {label:>26}  total {row['total_gb']:5.2f} GB  "
             f"extra {row['extra_gb']:5.2f} GB ({row['extra_gb'] / max(naive['extra_gb'], 1e-9):4.2f}x)  "
             f"beyond {row['beyond_gb']:5.2f} GB ({row['beyond_gb'] / max(naive['beyond_gb'], 1e-9):4.2f}x)  "
             f"best {row['seconds']:6.2f} s ({row['seconds'] / naive['seconds']:4.2f}x) [{times}]  "

@@ -14,6 +14,8 @@ from vespo.models import (
     response_logprobs,
     tiny_model,
 )
+from vespo.models import logprobs as logprobs_module
+from vespo.models.logprobs import _chunked, chunk_shape
 from vespo.models.moe import stack_routing
 
 
@@ -71,6 +73,105 @@ def test_autograd_gradcheck_float64():
     w = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
     targets = torch.tensor([0, 5, 2, 2, 1])
     assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs(h, w, None, targets, 1.3, 2)[0], (h, w))
+
+
+def test_chunk_shape_caps_the_block_at_chunk_elements():
+    # 2^25 = 33554432 logits per block; V = 151936 (Qwen-size vocab)
+    assert chunk_shape(1024, 151936) == (1024, 32768)  # 2^25 / 1024 = 32768 entries: 5 blocks of the vocab
+    assert chunk_shape(10_000, 151936) == (4096, 8192)  # tokens capped at 4096; 2^25 / 4096 = 8192
+    assert chunk_shape(3, 50) == (3, 50)  # small problems: one block, the whole vocab
+    assert chunk_shape(3, 151936, chunk_size=256) == (256, 131072)  # 2^25 / 256
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_shape(3, 50, chunk_size=0)
+    with pytest.raises(ValueError, match="vocab"):
+        chunk_shape(3, 0)
+
+
+@pytest.mark.parametrize("chunk_elements", [7, 60, 1 << 25])  # vocab blocks of 1, 8 (last one 2) and all 50
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bias):
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", chunk_elements)
+    g = torch.Generator().manual_seed(chunk_elements)
+    N, H, V, temp = 23, 16, 50, 0.7
+    h = torch.randn(N, H, generator=g, requires_grad=True)
+    w = torch.randn(V, H, generator=g).mul(0.5).requires_grad_()
+    b = torch.randn(V, generator=g).requires_grad_() if with_bias else None
+    targets = torch.cat([torch.tensor([0, V - 1, 7, 8]), torch.randint(V, (N - 4,), generator=g)])  # block edges
+    coef = torch.randn(N, generator=g)
+    assert chunk_shape(N, V, 7)[1] == min(V, max(1, chunk_elements // 7))
+
+    logp, ent = chunked_logprobs(h, w, b, targets, temp, 7)
+    (logp * coef).sum().backward()
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    ref_logp, ref_ent = reference_logprobs(h64, w64, b64, targets, temp)
+    (ref_logp * coef.double()).sum().backward()
+
+    assert torch.allclose(logp.double(), ref_logp, atol=1e-5)
+    assert torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    assert torch.allclose(h.grad.double(), h64.grad, atol=1e-5)
+    assert torch.allclose(w.grad.double(), w64.grad, atol=1e-5)
+    if with_bias:
+        assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)
+
+
+def test_large_logits_entropy_and_block_maxima_in_later_blocks(monkeypatch):
+    # logits of size ~40 with the largest in the last vocab block: the running max must be rescaled
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 4 * 10)  # 4 tokens per chunk -> 10 entries per block
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(9, 8, generator=g)
+    w = torch.randn(35, 8, generator=g) * 4
+    w[30:] *= 3  # the last block holds the largest logits
+    targets = torch.randint(35, (9,), generator=g)
+    logp, ent = chunked_logprobs(h, w, None, targets, 1.0, 4)
+    ref_logp, ref_ent = reference_logprobs(h, w, None, targets, 1.0)
+    assert (h @ w.T).abs().max() > 40
+    assert torch.allclose(logp.double(), ref_logp, atol=1e-5)
+    assert torch.allclose(ent.double(), ref_ent, atol=1e-5)
+
+
+def test_without_entropy_same_logp_and_grads():
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(11, 6, generator=g)
+    w = torch.randn(20, 6, generator=g)
+    targets = torch.randint(20, (11,), generator=g)
+    grads = []
+    for with_entropy in (True, False):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        logp, ent = _chunked(hh, ww, None, targets, 0.9, 4, with_entropy=with_entropy)
+        assert (ent is None) == (not with_entropy)
+        logp.sum().backward()
+        grads.append((logp.detach(), hh.grad, ww.grad))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_no_tokens_gives_empty_logp_and_zero_weight_grad():
+    h = torch.zeros(0, 4, requires_grad=True)
+    w = torch.randn(6, 4, requires_grad=True)
+    logp, ent = chunked_logprobs(h, w, None, torch.zeros(0, dtype=torch.long), 1.0, None)
+    assert logp.shape == (0,) and ent.shape == (0,)
+    logp.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(6, 4))
+
+
+def test_bfloat16_weights_are_computed_in_float32_and_grads_come_back_in_bfloat16():
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(5, 8, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(12, 8, generator=g).bfloat16().requires_grad_()
+    targets = torch.randint(12, (5,), generator=g)
+    logp, _ = chunked_logprobs(h, w, None, targets, 1.0, 2)
+    ref_logp, _ = reference_logprobs(h.detach(), w.detach(), None, targets, 1.0)  # same bf16 values, float64
+    assert logp.dtype == torch.float32 and torch.allclose(logp.double(), ref_logp, atol=1e-5)
+    logp.sum().backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="weight"):
+        chunked_logprobs(torch.zeros(3, 4), torch.zeros(5, 6), None, torch.zeros(3, dtype=torch.long), 1.0, 2)
+    with pytest.raises(ValueError, match="targets"):
+        chunked_logprobs(torch.zeros(3, 4), torch.zeros(5, 4), None, torch.zeros(2, dtype=torch.long), 1.0, 2)
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
 """Log-probs and entropy of response tokens, computed in chunks from the final hidden states.
 
 The model body runs once over cat(prompt, response); the LM head and log-softmax then run over
-``chunk_size`` response tokens at a time, inside a custom autograd function whose backward
-recomputes each chunk's softmax. So neither pass ever holds the full [B, T, V] float32 logits:
-peak extra memory is about two chunk_size x V blocks (plus the V x H weight gradient that any
-path needs). The default chunk size adapts to the vocabulary: CHUNK_ELEMENTS // V tokens.
-Padded response positions are skipped entirely and read 0. Recomputing costs one extra
-[C, H] x [H, V] matmul per chunk, about 4/3 of the naive path's matmul FLOPs.
+blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS logits (``chunk_shape``),
+inside a custom autograd function that keeps an online log-sum-exp across vocab blocks in
+forward and recomputes each block's softmax in backward. So neither pass ever holds the full
+[B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB) plus the V x H weight
+gradient that any path needs. Padded response positions are skipped entirely and read 0.
+Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from vespo.models.moe import replay_routing
 
-CHUNK_ELEMENTS = 1 << 25  # logits per chunk by default: 32M floats, 128 MiB in float32
+CHUNK_ELEMENTS = 1 << 25  # logits per block at most: 32M floats, 128 MiB in float32
+DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk when chunk_size is None
 
 
 def response_logprobs(
@@ -38,7 +39,7 @@ def response_logprobs(
     prompt_ids/prompt_mask [B, P] left-padded; response_ids/response_mask [B, T] right-padded.
     routed_experts [B, T, L, K]: experts to replay at the position that predicts each response
     token (router replay); prompt positions keep their own routing.
-    chunk_size None (the default) picks ``default_chunk_size(V)``; entropy is only computed
+    chunk_size: tokens per chunk, None (the default) for ``chunk_shape``'s; entropy is only computed
     when with_entropy is True.
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size)
@@ -87,16 +88,24 @@ def chunked_logprobs(
     """log softmax((hidden @ weight.T + bias) / temperature) at targets, and entropy: [N], [N].
 
     Computed in float32 (float64 when hidden is float64); gradients flow to hidden, weight, bias.
-    chunk_size None picks ``default_chunk_size(V)``.
+    chunk_size: tokens per chunk (None: up to DEFAULT_CHUNK_TOKENS); see ``chunk_shape``.
     """
     return _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entropy=True)
 
 
-def default_chunk_size(vocab: int) -> int:
-    """Tokens per chunk so that one [C, V] float32 block holds about CHUNK_ELEMENTS logits."""
+def chunk_shape(tokens: int, vocab: int, chunk_size: int | None = None) -> tuple[int, int]:
+    """(tokens, vocab entries) of one logits block: at most CHUNK_ELEMENTS logits.
+
+    Tokens per chunk are chunk_size (default min(tokens, DEFAULT_CHUNK_TOKENS)); the vocabulary is
+    then split into blocks of CHUNK_ELEMENTS // that many entries (at least 1, at most vocab).
+    E.g. 1024 tokens, V = 151936: blocks of [1024, 32768] (5 per chunk, the last 20864 wide).
+    """
     if vocab < 1:
         raise ValueError(f"vocab must be >= 1; got {vocab}")
-    return max(1, CHUNK_ELEMENTS // vocab)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    rows = chunk_size if chunk_size is not None else max(1, min(tokens, DEFAULT_CHUNK_TOKENS))
+    return rows, min(vocab, max(1, CHUNK_ELEMENTS // rows))
 
 
 def _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entropy: bool):
@@ -105,51 +114,36 @@ def _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entrop
         raise ValueError(f"hidden {tuple(hidden.shape)} must be [N, H] and weight {tuple(weight.shape)} [V, H]")
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets {tuple(targets.shape)} must be [N] = {tuple(hidden.shape[:1])}")
-    if chunk_size is None:
-        chunk_size = default_chunk_size(weight.shape[0])
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
-    logp, entropy = _ChunkedLogProb.apply(hidden, weight, bias, targets, temperature, chunk_size, with_entropy)
+    block = chunk_shape(hidden.shape[0], weight.shape[0], chunk_size)
+    logp, entropy = _ChunkedLogProb.apply(hidden, weight, bias, targets, temperature, block, with_entropy)
     return logp, (entropy if with_entropy else None)
 
 
 class _ChunkedLogProb(torch.autograd.Function):
-    """Forward and backward over token chunks; logits are recomputed in backward, never stored.
+    """Forward and backward over [tokens, vocab] blocks; logits are recomputed in backward, never stored.
 
-    Per chunk, forward is one matmul and 3-4 passes over the [C, V] block (max, shift, exp, and a
-    row dot for entropy); backward is the recomputing matmul, 3 passes (shift, exp, scale), and the
-    two gradient matmuls. So the cost over naive is one extra matmul: about 4/3 of its FLOPs.
+    Forward keeps an online log-sum-exp per token across vocab blocks (running max m, sum of
+    exp(z - m), and for entropy the sum of exp(z - m) (z - m)). Backward recomputes each block's
+    softmax from the saved log-sum-exp. Each pass reads the weight once per token chunk, and each
+    weight-gradient row is written once per token chunk. The cost over naive is one extra matmul:
+    4/3 of its matmul FLOPs.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, block, with_entropy):
         dtype = _compute_dtype(hidden)
-        w, b = _as_dtype(weight, dtype), _as_dtype(bias, dtype)  # converted once, not per chunk
+        w, b = _as_dtype(weight, dtype), _as_dtype(bias, dtype)  # converted once, not per block
         logp = hidden.new_empty(hidden.shape[0], dtype=dtype)  # [N]
         lse = torch.empty_like(logp)  # [N], kept so backward rebuilds softmax in place
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)  # [N] or [0]
         with torch.no_grad():
-            for s in range(0, hidden.shape[0], chunk_size):
-                rows = slice(s, s + chunk_size)
-                z = _scaled_logits(hidden[rows], w, b, temperature)  # [C, V]
-                m = z.amax(dim=-1, keepdim=True)  # [C, 1]
-                zm = z.sub_(m)  # in place: z - max, all <= 0
-                z_target = zm.gather(-1, targets[rows, None]).squeeze(-1)  # [C]
+            for rows in _slices(hidden.shape[0], block[0]):
+                lse[rows], logp[rows], ent = _forward_rows(hidden[rows], w, b, targets[rows], temperature,
+                                                           block[1], with_entropy)
                 if with_entropy:
-                    e = torch.exp(zm)  # [C, V], a second block: zm is still needed for the dot
-                    sum_e = e.sum(-1)  # [C]
-                    # H = lse - sum(p z) = log(sum_e) - sum(e (z - m)) / sum_e
-                    dot = torch.bmm(e[:, None, :], zm[:, :, None]).view(-1)  # [C], no [C, V] temporary
-                    entropy[rows] = sum_e.log() - dot / sum_e
-                    del e
-                else:
-                    sum_e = zm.exp_().sum(-1)  # [C]
-                log_sum_e = sum_e.log()  # [C]
-                lse[rows] = m.squeeze(-1) + log_sum_e
-                logp[rows] = z_target - log_sum_e
-                del z, zm
+                    entropy[rows] = ent
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.block = temperature, block
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -158,27 +152,83 @@ class _ChunkedLogProb(torch.autograd.Function):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         dtype = _compute_dtype(hidden)
         w, b = _as_dtype(weight, dtype), _as_dtype(bias, dtype)
-        grad_h = torch.empty_like(hidden, dtype=dtype) if ctx.needs_input_grad[0] else None  # [N, H]
-        grad_w = None  # [V, H], born from the first chunk's matmul (no zero fill)
-        grad_b = torch.zeros_like(b) if b is not None and ctx.needs_input_grad[2] else None  # [V]
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = b is not None and ctx.needs_input_grad[2]
+        # every row of grad_h / grad_w is written (not added) by its first block, so no zero fill
+        grad_h = torch.empty_like(hidden, dtype=dtype) if need_h else None  # [N, H]
+        grad_w = None if not need_w else torch.empty_like(w) if hidden.shape[0] else torch.zeros_like(w)  # [V, H]
+        grad_b = torch.zeros_like(b) if need_b else None  # [V]
         scale = grad_logp.to(dtype) / ctx.temperature  # [N]; d z / d logits = 1 / temperature
-        for s in range(0, hidden.shape[0], ctx.chunk_size):
-            rows = slice(s, s + ctx.chunk_size)
+        for i, rows in enumerate(_slices(hidden.shape[0], ctx.block[0])):
             h = hidden[rows].to(dtype)  # [C, H]
-            # d logp / d z = onehot(target) - softmax(z), times the upstream grad / temperature
-            g = _scaled_logits(h, w, b, ctx.temperature)  # [C, V], one buffer reused in place
-            g.sub_(lse[rows, None]).exp_().mul_(-scale[rows, None])  # -softmax(z) * scale
-            g.scatter_add_(-1, targets[rows, None], scale[rows, None])  # + onehot * scale
-            if grad_h is not None:
-                torch.mm(g, w, out=grad_h[rows])
-            if ctx.needs_input_grad[1]:
-                grad_w = g.T @ h if grad_w is None else grad_w.addmm_(g.T, h)
-            if grad_b is not None:
-                grad_b += g.sum(0)
-            del g
-        if ctx.needs_input_grad[1] and grad_w is None:  # no tokens at all
-            grad_w = torch.zeros_like(w)
+            for j, cols in enumerate(_slices(w.shape[0], ctx.block[1])):
+                # d logp / d z = onehot(target) - softmax(z), times the upstream grad / temperature
+                g = _scaled_logits(h, w[cols], _part(b, cols), ctx.temperature)  # [C, Vb], reused in place
+                g.sub_(lse[rows, None]).exp_().mul_(-scale[rows, None])  # -softmax(z) * scale
+                local, inside = _local_targets(targets[rows], cols)  # [C], [C]
+                g.scatter_add_(-1, local[:, None], (scale[rows] * inside)[:, None])  # + onehot * scale
+                if need_h:
+                    _accumulate(grad_h[rows], g, w[cols], first=j == 0)
+                if need_w:
+                    _accumulate(grad_w[cols], g.T, h, first=i == 0)
+                if need_b:
+                    grad_b[cols] += g.sum(0)
+                del g
         return (_cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None)
+
+
+def _forward_rows(h, w, b, targets, temperature, block_cols, with_entropy):
+    """Online log-sum-exp over vocab blocks for one token chunk: lse, logp, entropy (or None): [C] each."""
+    m = s = t = None  # running max, sum exp(z - m), sum exp(z - m) (z - m): [C] each
+    z_target = torch.zeros(h.shape[0], dtype=w.dtype, device=h.device)  # [C]
+    for cols in _slices(w.shape[0], block_cols):
+        z = _scaled_logits(h, w[cols], _part(b, cols), temperature)  # [C, Vb]
+        local, inside = _local_targets(targets, cols)  # [C], [C]
+        z_target = torch.where(inside, z.gather(-1, local[:, None]).squeeze(-1), z_target)
+        m_block = z.amax(dim=-1)  # [C]
+        m_new = m_block if m is None else torch.maximum(m, m_block)  # [C]
+        zm = z.sub_(m_new[:, None])  # in place: z - m_new, all <= 0
+        if with_entropy:
+            e = torch.exp(zm)  # [C, Vb], a second block: zm is still needed for the dot
+            s_block = e.sum(-1)  # [C]
+            t_block = torch.bmm(e[:, None, :], zm[:, :, None]).view(-1)  # [C], no [C, Vb] temporary
+            del e
+        else:
+            s_block, t_block = zm.exp_().sum(-1), None
+        if m is None:
+            s, t = s_block, t_block
+        else:  # rescale the running sums from m to m_new: exp(z - m_new) = alpha exp(z - m)
+            alpha = torch.exp(m - m_new)  # [C]
+            if with_entropy:  # sum e' (z - m_new) = alpha (t + s (m - m_new))
+                t = alpha * (t + s * (m - m_new)) + t_block
+            s = alpha * s + s_block
+        m = m_new
+        del z, zm
+    log_s = s.log()  # [C]
+    # entropy = lse - sum p z = (m + log s) - (t / s + m)
+    return m + log_s, z_target - (m + log_s), (log_s - t / s if with_entropy else None)
+
+
+def _slices(n: int, size: int) -> list[slice]:
+    return [slice(k, min(k + size, n)) for k in range(0, n, size)]
+
+
+def _part(b: Tensor | None, cols: slice) -> Tensor | None:
+    return None if b is None else b[cols]
+
+
+def _local_targets(targets: Tensor, cols: slice) -> tuple[Tensor, Tensor]:
+    """Target indices within the vocab block (clamped into it) and whether each falls inside: [C], [C]."""
+    inside = (targets >= cols.start) & (targets < cols.stop)  # [C]
+    return (targets - cols.start).clamp(0, cols.stop - cols.start - 1), inside
+
+
+def _accumulate(out: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
+    """out = a @ b on the first block, out += a @ b after; out is a view into the full gradient."""
+    if first:
+        torch.mm(a, b, out=out)
+    else:
+        out.addmm_(a, b)
 
 
 def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
