@@ -136,10 +136,11 @@ class _ChunkedLogProb(torch.autograd.Function):
         logp = hidden.new_empty(hidden.shape[0], dtype=dtype)  # [N]
         lse = torch.empty_like(logp)  # [N], kept so backward rebuilds softmax in place
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)  # [N] or [0]
+        bufs = [_block_buffer(hidden, w, block, dtype) for _ in range(2 if with_entropy else 1)]
         with torch.no_grad():
             for rows in _slices(hidden.shape[0], block[0]):
                 lse[rows], logp[rows], ent = _forward_rows(hidden[rows], w, b, targets[rows], temperature,
-                                                           block[1], with_entropy)
+                                                           block[1], bufs)
                 if with_entropy:
                     entropy[rows] = ent
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
@@ -159,11 +160,12 @@ class _ChunkedLogProb(torch.autograd.Function):
         grad_w = None if not need_w else torch.empty_like(w) if hidden.shape[0] else torch.zeros_like(w)  # [V, H]
         grad_b = torch.zeros_like(b) if need_b else None  # [V]
         scale = grad_logp.to(dtype) / ctx.temperature  # [N]; d z / d logits = 1 / temperature
+        buf = _block_buffer(hidden, w, ctx.block, dtype)
         for i, rows in enumerate(_slices(hidden.shape[0], ctx.block[0])):
             h = hidden[rows].to(dtype)  # [C, H]
             for j, cols in enumerate(_slices(w.shape[0], ctx.block[1])):
                 # d logp / d z = onehot(target) - softmax(z), times the upstream grad / temperature
-                g = _scaled_logits(h, w[cols], _part(b, cols), ctx.temperature)  # [C, Vb], reused in place
+                g = _scaled_logits(h, w[cols], _part(b, cols), ctx.temperature, buf)  # [C, Vb], in place
                 g.sub_(lse[rows, None]).exp_().mul_(-scale[rows, None])  # -softmax(z) * scale
                 local, inside = _local_targets(targets[rows], cols)  # [C], [C]
                 g.scatter_add_(-1, local[:, None], (scale[rows] * inside)[:, None])  # + onehot * scale
@@ -173,26 +175,28 @@ class _ChunkedLogProb(torch.autograd.Function):
                     _accumulate(grad_w[cols], g.T, h, first=i == 0)
                 if need_b:
                     grad_b[cols] += g.sum(0)
-                del g
         return (_cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None)
 
 
-def _forward_rows(h, w, b, targets, temperature, block_cols, with_entropy):
-    """Online log-sum-exp over vocab blocks for one token chunk: lse, logp, entropy (or None): [C] each."""
+def _forward_rows(h, w, b, targets, temperature, block_cols, bufs):
+    """Online log-sum-exp over vocab blocks for one token chunk: lse, logp, entropy (or None): [C] each.
+
+    bufs: one flat block buffer, or two when entropy is wanted (the second holds exp(z - m)).
+    """
+    with_entropy = len(bufs) == 2
     m = s = t = None  # running max, sum exp(z - m), sum exp(z - m) (z - m): [C] each
     z_target = torch.zeros(h.shape[0], dtype=w.dtype, device=h.device)  # [C]
     for cols in _slices(w.shape[0], block_cols):
-        z = _scaled_logits(h, w[cols], _part(b, cols), temperature)  # [C, Vb]
+        z = _scaled_logits(h, w[cols], _part(b, cols), temperature, bufs[0])  # [C, Vb]
         local, inside = _local_targets(targets, cols)  # [C], [C]
         z_target = torch.where(inside, z.gather(-1, local[:, None]).squeeze(-1), z_target)
         m_block = z.amax(dim=-1)  # [C]
         m_new = m_block if m is None else torch.maximum(m, m_block)  # [C]
         zm = z.sub_(m_new[:, None])  # in place: z - m_new, all <= 0
         if with_entropy:
-            e = torch.exp(zm)  # [C, Vb], a second block: zm is still needed for the dot
+            e = torch.exp(zm, out=bufs[1][: zm.numel()].view_as(zm))  # [C, Vb]: zm is still needed for the dot
             s_block = e.sum(-1)  # [C]
             t_block = torch.bmm(e[:, None, :], zm[:, :, None]).view(-1)  # [C], no [C, Vb] temporary
-            del e
         else:
             s_block, t_block = zm.exp_().sum(-1), None
         if m is None:
@@ -203,7 +207,6 @@ def _forward_rows(h, w, b, targets, temperature, block_cols, with_entropy):
                 t = alpha * (t + s * (m - m_new)) + t_block
             s = alpha * s + s_block
         m = m_new
-        del z, zm
     log_s = s.log()  # [C]
     # entropy = lse - sum p z = (m + log s) - (t / s + m)
     return m + log_s, z_target - (m + log_s), (log_s - t / s if with_entropy else None)
@@ -231,15 +234,25 @@ def _accumulate(out: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
         out.addmm_(a, b)
 
 
-def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    """Logits / temperature of one chunk: [C, V]. weight and bias are already in the compute dtype.
+def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, buf: Tensor) -> Tensor:
+    """Logits / temperature of one block, written into the flat buffer buf: [C, Vb].
 
-    The 1 / temperature is applied to the [C, H] input and the bias, not to the [C, V] output.
+    weight and bias are already in the compute dtype. The 1 / temperature is applied to the
+    [C, H] input and the bias, not to the [C, Vb] output. Reusing one buffer for every block saves
+    a fresh allocation (and its page faults) per block.
     """
-    dtype = weight.dtype
-    h = h.to(dtype) if temperature == 1.0 else h.to(dtype) / temperature  # [C, H]
-    b = bias if bias is None or temperature == 1.0 else bias / temperature  # [V]
-    return F.linear(h, weight, b)
+    h = h.to(weight.dtype) if temperature == 1.0 else h.to(weight.dtype) / temperature  # [C, H]
+    out = buf[: h.shape[0] * weight.shape[0]].view(h.shape[0], weight.shape[0])  # [C, Vb]
+    if bias is None:
+        return torch.mm(h, weight.T, out=out)
+    b = bias if temperature == 1.0 else bias / temperature  # [Vb]
+    return torch.addmm(b, h, weight.T, out=out)
+
+
+def _block_buffer(hidden: Tensor, weight: Tensor, block: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """One flat buffer big enough for any [C, Vb] block of this call: [C * Vb]."""
+    rows, cols = min(block[0], hidden.shape[0]), min(block[1], weight.shape[0])
+    return torch.empty(rows * cols, dtype=dtype, device=hidden.device)
 
 
 def _as_dtype(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
