@@ -13,7 +13,7 @@ chunk shape (``chunk_shape``: [min(T, 4096), 2^25 // that] logits per block) wit
 so it is charged for the entropy naive does not compute.
 Generation: HFEngine on the tiny dense and MoE models (size xs), batch 16, 64 new tokens.
 
-    OMP_NUM_THREADS=1 python bench/logprobs.py              # everything (about 10+ minutes)
+    OMP_NUM_THREADS=1 python bench/logprobs.py              # everything (~20 min; T=4k, V=151k needs 8.5 GB)
     OMP_NUM_THREADS=1 python bench/logprobs.py --quick      # V=32k only, small generation
     OMP_NUM_THREADS=1 python bench/logprobs.py --vocabs 151936 --tokens 1024 --no-generation
 """
