@@ -122,6 +122,8 @@ class AsyncConfig:
     chunk_tokens: int = opt(4, "tokens decoded between weight-update checks (partial rollouts)", ge=1)
     ray_address: str | None = opt(None, "existing Ray cluster address; None starts a local Ray")
     max_restarts: int = opt(3, "times a crashed rollout worker is restarted before the run stops", ge=0)
+    stall_timeout_s: float = opt(300.0, "the learner stops with an error if no rollout arrives for this long "
+                                 "(a dead Ray node, a wedged worker)", gt=0.0)
 
 
 @dataclass

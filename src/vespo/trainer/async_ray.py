@@ -196,7 +196,11 @@ class AsyncTrainer:
         self.workers = [actor.remote(cfg_dict, self.parts.sampling, i) for i in range(a.workers)]
         self.restarts = [0] * a.workers
         self.push_weights()
-        ray.get([w.pid.remote() for w in self.workers])  # every worker built and holding weights
+        try:  # every worker built and holding weights
+            ray.get([w.pid.remote() for w in self.workers], timeout=self.cfg.async_.stall_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise WorkerError(f"rollout workers did not start within {self.cfg.async_.stall_timeout_s:.0f}s "
+                              "(async.stall_timeout_s); is the Ray cluster alive and does it have free CPUs?") from e
 
     def push_weights(self) -> None:
         """Put the learner's weights in the object store once; every worker fetches them."""
@@ -230,12 +234,17 @@ class AsyncTrainer:
 
     def wait_for_next(self) -> float:
         """Collect finished rollouts until the next ticket is there; returns the seconds waited."""
-        t0 = time.perf_counter()
+        t0 = last = time.perf_counter()
         while not self.queue.ready():
             self.keep_admissible()
             done, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
             for ref in done:
                 self.collect(ref)
+                last = time.perf_counter()
+            if time.perf_counter() - last > self.cfg.async_.stall_timeout_s:
+                raise WorkerError(f"no rollout arrived for {self.cfg.async_.stall_timeout_s:.0f}s while waiting for "
+                                  f"ticket {self.queue.next_ticket} ({len(self.inflight)} in flight); "
+                                  "is the Ray cluster alive? (async.stall_timeout_s)")
         return time.perf_counter() - t0
 
     def keep_admissible(self) -> None:
