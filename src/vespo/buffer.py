@@ -68,10 +68,6 @@ class StalenessBound:
         """The oldest weights version that may start ``ticket``."""
         return ticket - skipped - self.max_staleness
 
-    def lag_ok(self, sample_version: int, learner_version: int) -> bool:
-        """Whether a sample from ``sample_version`` may be trained at ``learner_version``."""
-        return learner_version - sample_version <= self.max_staleness
-
 
 class TicketQueue:
     """Finished mini-batches, handed to the learner strictly in ticket order (workers may finish

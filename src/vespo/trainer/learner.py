@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
-from vespo.metrics import masked_mean
 from vespo.models import response_logprobs
 from vespo.types import TrainBatch
 
@@ -154,7 +153,3 @@ def _mean_metrics(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor | float]:
     if len(dicts) == 1:
         return dict(dicts[0])
     return {k: torch.stack([d[k].float() for d in dicts if k in d]).mean() for k in dicts[0]}
-
-
-def entropy_mean(entropy: Tensor, mask: Tensor) -> Tensor:
-    return masked_mean(entropy, mask)
