@@ -40,17 +40,8 @@ def reference_logprobs(h, w, b, targets, temperature):
     return logsm.gather(-1, targets[:, None]).squeeze(-1), -(logsm.exp() * logsm).sum(-1)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 7, 64])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_chunked_matches_float64_oracle_values_and_grads(chunk_size, with_bias):
-    g = torch.Generator().manual_seed(chunk_size)
-    N, H, V, temp = 23, 16, 50, 0.7
-    h = torch.randn(N, H, generator=g, requires_grad=True)
-    w = torch.randn(V, H, generator=g).mul(0.5).requires_grad_()
-    b = torch.randn(V, generator=g).requires_grad_() if with_bias else None
-    targets = torch.randint(V, (N,), generator=g)
-    coef = torch.randn(N, generator=g)  # a random upstream gradient
-
+def assert_matches_oracle(h, w, b, targets, temp, chunk_size, coef):
+    """Chunked log-probs, entropy and the gradients of sum(coef * logp) equal the float64 oracle's."""
     logp, ent = chunked_logprobs(h, w, b, targets, temp, chunk_size)
     (logp * coef).sum().backward()
     h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
@@ -63,8 +54,22 @@ def test_chunked_matches_float64_oracle_values_and_grads(chunk_size, with_bias):
     assert not ent.requires_grad
     assert torch.allclose(h.grad.double(), h64.grad, atol=1e-5)
     assert torch.allclose(w.grad.double(), w64.grad, atol=1e-5)
-    if with_bias:
+    if b is not None:
         assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_matches_float64_oracle_values_and_grads(chunk_size, with_bias):
+    g = torch.Generator().manual_seed(chunk_size)
+    N, H, V, temp = 23, 16, 50, 0.7
+    h = torch.randn(N, H, generator=g, requires_grad=True)
+    w = torch.randn(V, H, generator=g).mul(0.5).requires_grad_()
+    b = torch.randn(V, generator=g).requires_grad_() if with_bias else None
+    targets = torch.randint(V, (N,), generator=g)
+    coef = torch.randn(N, generator=g)  # a random upstream gradient
+
+    assert_matches_oracle(h, w, b, targets, temp, chunk_size, coef)
 
 
 def test_autograd_gradcheck_float64():
@@ -100,19 +105,7 @@ def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bia
     coef = torch.randn(N, generator=g)
     assert chunk_shape(N, V, 7)[1] == min(V, max(1, chunk_elements // 7))
 
-    logp, ent = chunked_logprobs(h, w, b, targets, temp, 7)
-    (logp * coef).sum().backward()
-    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    b64 = None if b is None else b.detach().double().requires_grad_()
-    ref_logp, ref_ent = reference_logprobs(h64, w64, b64, targets, temp)
-    (ref_logp * coef.double()).sum().backward()
-
-    assert torch.allclose(logp.double(), ref_logp, atol=1e-5)
-    assert torch.allclose(ent.double(), ref_ent, atol=1e-5)
-    assert torch.allclose(h.grad.double(), h64.grad, atol=1e-5)
-    assert torch.allclose(w.grad.double(), w64.grad, atol=1e-5)
-    if with_bias:
-        assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)
+    assert_matches_oracle(h, w, b, targets, temp, 7, coef)
 
 
 def test_large_logits_entropy_and_block_maxima_in_later_blocks(monkeypatch):
