@@ -69,6 +69,10 @@ class RolloutConfig:
 @dataclass
 class StalenessConfig:
     n: int = opt(8, "mini-batches (optimizer steps) per rollout batch; mini-batch j has version lag j", ge=1)
+    minibatch_prompts: int = opt(0, "prompts per mini-batch (the paper's mbs / G). When > 0 the rollout batch is "
+                                 "derived: rollout.prompts_per_step = staleness.n x this, so N varies alone at a "
+                                 "fixed mini-batch (the paper's protocol); 0 splits rollout.prompts_per_step instead",
+                                 ge=0)
     behavior: str = opt("recompute", "behavior policy mu: the trainer's recompute of the rollout-time weights, "
                         "or the engine's own log-probs", choices=["recompute", "rollout"])
     shuffle: bool = opt(True, "shuffle prompts (keeping each group together) before splitting into mini-batches")
@@ -128,7 +132,9 @@ class AsyncConfig:
 
 @dataclass
 class RunConfig:
-    steps: int = opt(40, "rollout steps (each is N optimizer steps in sync mode)", ge=1)
+    steps: int = opt(40, "rollout steps (each is staleness.n optimizer steps)", ge=1)
+    updates: int = opt(0, "run length in optimizer steps; when > 0, run.steps is derived as updates / staleness.n "
+                       "(which must divide it), so runs at different N take equal optimizer steps", ge=0)
     seed: int = opt(0, "seed of data order, sampling and initialization", ge=0)
     out_dir: str = opt("runs/demo", "run directory: metrics.jsonl, TensorBoard events, checkpoints, summary")
     mode: str = opt("sync", "training mode", choices=["sync", "async"])
@@ -273,6 +279,7 @@ def validate(cfg: Config) -> Config:
     """Check every field's range and the cross-field rules; raise ConfigError naming the field."""
     _validate_section(cfg, "")
     r, s = cfg.rollout, cfg.staleness
+    _resolve_protocol(cfg)
     if r.prompts_per_step % s.n:
         raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
                           "(each mini-batch holds whole groups)")
@@ -288,6 +295,23 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"run.loggers has unknown sink(s) {bad}; choose from jsonl, tensorboard, wandb")
     _validate_loss(cfg.loss)
     return cfg
+
+
+def _resolve_protocol(cfg: Config) -> None:
+    """Derive the rollout batch from the mini-batch and the rollout steps from the optimizer steps.
+
+    The paper varies staleness at a fixed mini-batch: rollout batch = N x mini-batch, with the
+    same number of optimizer steps at every N. ``staleness.minibatch_prompts`` and ``run.updates``
+    express that; set, they overwrite ``rollout.prompts_per_step`` and ``run.steps``.
+    """
+    s = cfg.staleness
+    if s.minibatch_prompts:
+        cfg.rollout.prompts_per_step = s.n * s.minibatch_prompts
+    if cfg.run.updates:
+        if cfg.run.updates % s.n:
+            raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
+                              "rollout steps of N optimizer steps each)")
+        cfg.run.steps = cfg.run.updates // s.n
 
 
 def _validate_section(node: Any, prefix: str) -> None:

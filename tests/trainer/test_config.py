@@ -63,3 +63,21 @@ def test_every_field_is_documented_and_round_trips():
 
     cfg = Config()
     assert to_dict(from_dict(to_dict(cfg))) == to_dict(cfg)
+
+
+@pytest.mark.parametrize("n", [1, 4, 32, 64])
+def test_paper_protocol_fixes_the_minibatch_and_the_optimizer_steps(n):
+    """staleness.minibatch_prompts and run.updates: N varies alone (rollout batch = N x mini-batch)."""
+    cfg = load_config(None, [f"staleness.n={n}", "staleness.minibatch_prompts=8", "run.updates=512"])
+    assert cfg.prompts_per_minibatch == 8
+    assert cfg.rollout.prompts_per_step == 8 * n
+    assert cfg.run.steps * n == 512  # equal optimizer steps (and samples) at every N
+    from vespo.config import from_dict, validate
+
+    again = validate(from_dict(to_dict(cfg)))  # a saved config resolves to itself
+    assert to_dict(again) == to_dict(cfg)
+
+
+def test_paper_protocol_rejects_updates_that_n_does_not_divide():
+    with pytest.raises(ConfigError, match=r"staleness.n=3 must divide run.updates=64"):
+        load_config(None, ["staleness.n=3", "staleness.minibatch_prompts=2", "run.updates=64"])
