@@ -56,14 +56,14 @@ def test_avg_at_k_by_hand():
 
 
 def scripted_generate(correct_first):
-    """generate_fn whose prompt "q<i>" gets correct_first[i] right answers ("a<i>") then wrong ones."""
+    """generate_fn whose problem with prompt "q<i>" gets correct_first[i] right answers ("a<i>") then wrong ones."""
     calls = []
 
-    def generate(prompts, n):
-        calls.append((list(prompts), n))
+    def generate(problems, n):
+        calls.append(([p.prompt for p in problems], n))
         out = []
-        for prompt in prompts:
-            i = int(prompt[1:])
+        for problem in problems:
+            i = int(problem.prompt[1:])
             out.append([f"a{i}" if j < correct_first[i] else "wrong" for j in range(n)])
         return out
 

@@ -39,6 +39,10 @@ class ModelConfig:
     size: str = opt("xs", "tiny-model size preset", choices=["nano", "xs", "s", "m"])
     dtype: str = opt("float32", "trainer precision", choices=["float32", "bfloat16"])
     attn_implementation: str | None = opt(None, "attention kernel of the trainer (None: the model's default)")
+    device: str = opt("auto", "device of the learner (policy, optimizer): auto (CUDA when present, else CPU), cpu, "
+                      "cuda or cuda:N")
+    autocast: bool = opt(False, "run the learner's forward passes under torch.autocast in bfloat16 (weights and "
+                         "optimizer stay in model.dtype)")
 
 
 @dataclass
@@ -62,8 +66,12 @@ class RolloutConfig:
     engine_dtype: str = opt("float32", "precision of the rollout engine; bfloat16 gives a real train-inference mismatch",
                             choices=["float32", "bfloat16"])
     engine: str = opt("hf", "rollout engine backend", choices=["hf", "vllm"])
-    router_replay: bool = opt(False, "MoE: record the rollout's expert choices and replay them in the training "
-                              "forward pass (R2)")
+    device: str | None = opt(None, "device of the HF rollout engine: auto, cpu, cuda or cuda:N; None follows "
+                             "model.device (vLLM always runs on CUDA)")
+    router_replay: str = opt("none", "MoE routing replay: none; r2 = the recompute of mu records the expert "
+                             "choices and every training forward replays them; r3 = the rollout engine records "
+                             "them and the recompute and every training forward replay them",
+                             choices=["none", "r2", "r3"])
 
 
 @dataclass
@@ -73,9 +81,11 @@ class StalenessConfig:
                                  "derived: rollout.prompts_per_step = staleness.n x this, so N varies alone at a "
                                  "fixed mini-batch (the paper's protocol); 0 splits rollout.prompts_per_step instead",
                                  ge=0)
-    behavior: str = opt("recompute", "behavior policy mu: the trainer's recompute of the rollout-time weights, "
-                        "or the engine's own log-probs", choices=["recompute", "rollout"])
-    shuffle: bool = opt(True, "shuffle prompts (keeping each group together) before splitting into mini-batches")
+    behavior: str = opt("auto", "behavior policy mu: recompute = the trainer's log-probs of the weights that sampled "
+                        "the batch (sync mode only), rollout = the engine's own log-probs, auto = recompute in "
+                        "sync mode and rollout in async mode", choices=["auto", "recompute", "rollout"])
+    shuffle: bool = opt(True, "sync mode: deal a rollout batch's groups to its mini-batches in random order (async "
+                        "mode draws each mini-batch straight from the shuffled prompt stream)")
 
 
 @dataclass
@@ -128,6 +138,10 @@ class AsyncConfig:
     max_restarts: int = opt(3, "times a crashed rollout worker is restarted before the run stops", ge=0)
     stall_timeout_s: float = opt(300.0, "the learner stops with an error if no rollout arrives for this long "
                                  "(a dead Ray node, a wedged worker)", gt=0.0)
+    learner: str = opt("local", "where the learner runs: local = in the driver process, actor = a Ray actor with "
+                       "its own resources (e.g. the GPU node of a cluster)", choices=["local", "actor"])
+    learner_num_cpus: float = opt(1.0, "CPUs reserved for the learner actor (async.learner=actor)", ge=0.0)
+    learner_num_gpus: float = opt(0.0, "GPUs reserved for the learner actor (async.learner=actor)", ge=0.0)
 
 
 @dataclass
@@ -140,6 +154,12 @@ class RunConfig:
     mode: str = opt("sync", "training mode", choices=["sync", "async"])
     checkpoint_every: int = opt(10, "rollout steps between checkpoints; 0 writes one only at the end", ge=0)
     eval_every: int = opt(0, "rollout steps between evaluations on held-out problems; 0 only before and after", ge=0)
+    log_samples_every: int = opt(10, "rollout steps between sample logs (RUN_DIR/samples.jsonl and TensorBoard "
+                                 "text); 0 never", ge=0)
+    samples_per_log: int = opt(4, "rows written per sample log: prompt, completion, reward, advantage, lag, log W, "
+                               "the loss's weight", ge=1)
+    save_policy_every: int = opt(0, "rollout steps between writes of RUN_DIR/policy (a Hugging Face directory); "
+                                 "0 writes it at the end of the run only", ge=0)
     max_nonfinite_steps: int = opt(3, "consecutive skipped non-finite updates before the run stops", ge=1)
     loggers: list = opt(["jsonl", "tensorboard"], "metric sinks: jsonl, tensorboard, wandb")
     progress: bool = opt(True, "show a rich progress bar")
@@ -166,6 +186,18 @@ class Config:
     @property
     def prompts_per_minibatch(self) -> int:
         return self.rollout.prompts_per_step // self.staleness.n
+
+    @property
+    def behavior(self) -> str:
+        """mu's source with auto resolved: recompute (sync mode) or rollout (async mode)."""
+        if self.staleness.behavior != "auto":
+            return self.staleness.behavior
+        return "rollout" if self.run.mode == "async" else "recompute"
+
+    @property
+    def total_updates(self) -> int:
+        """Optimizer steps of the whole run: run.steps rollout steps of staleness.n updates."""
+        return self.run.steps * self.staleness.n
 
 
 class ConfigError(ValueError):
@@ -290,6 +322,7 @@ def validate(cfg: Config) -> Config:
         if per_mb % cfg.optim.micro_batch_size:
             raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the mini-batch "
                               f"of {per_mb} sequences")
+    _validate_modes(cfg)
     bad = [x for x in cfg.run.loggers if x not in ("jsonl", "tensorboard", "wandb")]
     if bad:
         raise ConfigError(f"run.loggers has unknown sink(s) {bad}; choose from jsonl, tensorboard, wandb")
@@ -312,6 +345,28 @@ def _resolve_protocol(cfg: Config) -> None:
             raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
                               "rollout steps of N optimizer steps each)")
         cfg.run.steps = cfg.run.updates // s.n
+
+
+def _validate_modes(cfg: Config) -> None:
+    """Options that mean the same in sync and async mode, or are rejected where they cannot apply."""
+    if cfg.run.mode == "async" and cfg.staleness.behavior == "recompute":
+        raise ConfigError("staleness.behavior=recompute cannot apply in async mode: a row's tokens may come from "
+                          "several policy versions (partial rollouts) whose weights are gone by training time; "
+                          "use staleness.behavior=rollout (or auto)")
+    if cfg.rollout.router_replay == "r2" and cfg.run.mode == "async":
+        raise ConfigError("rollout.router_replay=r2 replays the routing of the trainer's pass over the weights that "
+                          "sampled the batch, which async mode does not have (rows span versions, mu is the "
+                          "engine's); use rollout.router_replay=r3")
+    if cfg.run.mode == "sync" and cfg.async_.learner != "local":
+        raise ConfigError("async.learner=actor applies to async mode (run.mode=async) only")
+    for name, value in (("model.device", cfg.model.device), ("rollout.device", cfg.rollout.device)):
+        if value is not None and not _is_device(value):
+            raise ConfigError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
+
+
+def _is_device(value: str) -> bool:
+    head, _, index = value.partition(":")
+    return value in ("auto", "cpu", "cuda") or (head == "cuda" and index.isdigit())
 
 
 def _validate_section(node: Any, prefix: str) -> None:

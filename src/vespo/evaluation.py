@@ -1,7 +1,8 @@
 """avg@k and pass@k of a policy, per data source, with k set per source (SPEC §5).
 
-The core is pure: `evaluate` takes a `generate_fn(prompts, n) -> n completions per prompt`, so it
-runs without a model. `main` is `vespo eval`, which wires it to a saved policy:
+The core is pure: `evaluate` takes a `generate_fn(problems, n) -> n completions per problem`, so it
+runs without a model; with one, it is a `vespo.rollout.TextGenerator` (the decoding path training
+and warm start use too). `heldout_rewards` is the trainer's held-out check on the same core. `main` is `vespo eval`, which wires it to a saved policy:
 
     vespo eval --model runs/demo/policy --task addition --n-problems 200 --default-k 8
     vespo eval --model DIR --data math.parquet --k aime24=32 --k amc23=16 --k math500=4 \
@@ -23,11 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vespo.data import render_prompt
 from vespo.rewards import RewardScorer
 from vespo.types import Problem
 
-GenerateFn = Callable[[list[str], int], list[list[str]]]
+GenerateFn = Callable[[list[Problem], int], list[list[str]]]  # (problems, n) -> n completions per problem
 
 
 # ---- pure estimators ----------------------------------------------------------------------
@@ -101,7 +101,6 @@ def evaluate(
     reward_fn: Callable[[str, Any], float] | RewardScorer,
     k_by_source: dict[str, int] | None = None,
     default_k: int = 4,
-    render_fn: Callable[[Problem], str] = render_prompt,
     success_threshold: float = 1.0,
 ) -> EvalReport:
     """Sample k completions per problem (k from `k_by_source`, else `default_k`), score them,
@@ -114,7 +113,7 @@ def evaluate(
     results = []
     for k in sorted(set(ks)):
         group = [p for p, pk in zip(problems, ks) if pk == k]
-        completions = _generate(generate_fn, [render_fn(p) for p in group], k)
+        completions = _generate(generate_fn, group, k)
         results += _score_group(scorer, group, completions, k, success_threshold)
     order = {p.id: i for i, p in enumerate(problems)}
     results.sort(key=lambda r: order[r.problem_id])
@@ -131,11 +130,11 @@ def _resolve_ks(problems: Sequence[Problem], k_by_source: dict[str, int], defaul
     return [k_by_source.get(p.data_source, default_k) for p in problems]
 
 
-def _generate(generate_fn: GenerateFn, prompts: list[str], k: int) -> list[list[str]]:
-    completions = generate_fn(prompts, k)
-    if len(completions) != len(prompts) or any(len(c) != k for c in completions):
+def _generate(generate_fn: GenerateFn, problems: list[Problem], k: int) -> list[list[str]]:
+    completions = generate_fn(problems, k)
+    if len(completions) != len(problems) or any(len(c) != k for c in completions):
         shape = [len(c) for c in completions]
-        raise ValueError(f"generate_fn must return {k} completions for each of {len(prompts)} prompts, "
+        raise ValueError(f"generate_fn must return {k} completions for each of {len(problems)} problems, "
                          f"got {len(completions)} lists of sizes {shape[:8]}")
     return completions
 
@@ -156,6 +155,29 @@ def _score_group(scorer: RewardScorer, group: list[Problem], completions: list[l
                                      num_correct=sum(r >= threshold for r in mine),
                                      num_errors=sum(i in errors for i in span)))
     return results
+
+
+def heldout_rewards(generate: Callable[..., list[list[str]]], problems: Sequence[Problem],
+                    scorer: RewardScorer, sampling: Any, seed: int = 12345,
+                    kinds: tuple[str, ...] = ("sampled", "greedy")) -> dict[str, float]:
+    """The trainer's held-out check: mean reward of one sample per problem at the training sampling
+    settings (``reward_sampled``) and of the greedy answer (``reward_greedy``).
+
+    ``generate(problems, n, sampling, seed)`` is a TextGenerator (or a rollout source's). A fixed
+    seed makes the sampled figure comparable across the evaluations of a run. A reward that fails
+    counts as 0 (as in `evaluate`).
+    """
+    from vespo.rollout.text import greedy
+
+    if not problems:
+        return {}
+    out = {}
+    for name in kinds:
+        params = greedy(sampling) if name == "greedy" else sampling
+        report = evaluate(lambda ps, n: generate(ps, n, params, seed), problems, scorer, default_k=1)
+        rewards = [r.rewards[0] for r in report.results]
+        out[f"reward_{name}"] = sum(rewards) / len(rewards)
+    return out
 
 
 def _summarize(results: list[ProblemResult]) -> dict[str, SourceReport]:
@@ -278,41 +300,28 @@ def build_scorer(args: argparse.Namespace, task: Any) -> RewardScorer:
 def hf_generate_fn(model_dir: str, args: argparse.Namespace, max_new_tokens: int) -> tuple[GenerateFn, Any]:
     """(generate_fn over a saved policy with the HF rollout engine, its tokenizer)."""
     from vespo.models import load_policy
-    from vespo.rollout import HFEngine, SamplingParams
+    from vespo.rollout import HFEngine, SamplingParams, TextGenerator
 
     model, tokenizer = load_policy(model_dir, dtype=args.dtype)
     engine = HFEngine(model.to(args.device), tokenizer, dtype=args.dtype)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new_tokens)
-    calls = iter(range(10**9))
+    text = TextGenerator(engine, tokenizer, batch_size=args.batch_size)
+    calls = iter(range(0, 10**12, 1_000_003))  # each call its own seeds
 
-    def generate(prompts: list[str], n: int) -> list[list[str]]:
-        rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(n)]
-        texts: list[str] = []
-        for start in range(0, len(rows), args.batch_size):
-            rollout = engine.generate(rows[start : start + args.batch_size], sampling, seed=args.seed + next(calls))
-            texts += _decode(tokenizer, rollout)
-        return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
+    def generate(problems: list[Problem], n: int) -> list[list[str]]:
+        return text(problems, n, sampling, seed=args.seed + next(calls))
 
     return generate, tokenizer
-
-
-def _decode(tokenizer: Any, rollout: Any) -> list[str]:
-    out = []
-    for ids, mask in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist()):
-        kept = [t for t, m in zip(ids, mask) if m > 0 and t != tokenizer.eos_token_id]
-        out.append(tokenizer.decode(kept, skip_special_tokens=True))
-    return out
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     problems, task = load_eval_problems(args)
     k_by_source = parse_assignments(args.k, "--k", int)
-    max_new = args.max_new_tokens or (task.max_answer_chars + 1 if task is not None else 1024)
+    max_new = args.max_new_tokens or (task.max_new_tokens if task is not None else 1024)
     generate_fn, tokenizer = hf_generate_fn(args.model, args, max_new)
     with build_scorer(args, task) as scorer:
-        report = evaluate(generate_fn, problems, scorer, k_by_source, args.default_k,
-                          render_fn=lambda p: render_prompt(p, tokenizer))
+        report = evaluate(generate_fn, problems, scorer, k_by_source, args.default_k)
     print_report(report)
     if args.out:
         print(f"wrote {write_jsonl(report, args.out)}")

@@ -3,6 +3,11 @@
 Metrics are namespaced (`reward/`, `rollout/`, `mismatch/`, `loss/`, `is/`, `kl/`, `optim/`,
 `perf/`, `staleness/`) and reduced once per step: the trainer collects tensors, calls
 :func:`to_floats` once, and hands one flat dict to every sink.
+
+A metric's name says how it combines across micro-batches and mini-batches (:func:`reduce_metrics`):
+a name ending in ``_max`` is reduced by max, ``_min`` by min, ``_sum`` by sum, a last path segment
+starting with ``n_`` (``is/n_seq``, ``rollout/n_tokens``) by sum, and anything else by mean. So a
+max stays a max and a count stays a count however many pieces a step was made of.
 """
 
 from __future__ import annotations
@@ -53,10 +58,39 @@ def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def mean_of(dicts: list[dict[str, float]]) -> dict[str, float]:
-    """Key-wise mean of several metric dicts (e.g. the N mini-batches of one rollout step)."""
-    keys = {k for d in dicts for k in d}
-    return {k: sum(d[k] for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in sorted(keys)}
+def reduction(name: str) -> str:
+    """How the metric ``name`` combines over pieces of a step: "max", "min", "sum" or "mean"."""
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
+        return "sum"
+    return "mean"
+
+
+def reduce_metrics(dicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Key-wise reduction of several metric dicts by each name's rule (:func:`reduction`).
+
+    Values may be floats or 0-dim tensors (reduced without a host sync). A key missing from some
+    dicts is reduced over the dicts that have it.
+    """
+    keys: dict[str, None] = {}
+    for d in dicts:
+        keys.update(dict.fromkeys(d))
+    out: dict[str, Any] = {}
+    for k in keys:
+        values = [d[k] for d in dicts if k in d]
+        if len(values) == 1:
+            out[k] = values[0]
+            continue
+        rule = reduction(k)
+        if any(isinstance(v, Tensor) for v in values):
+            stacked = torch.stack([torch.as_tensor(v).detach().float().reshape(()) for v in values])
+            out[k] = {"max": stacked.amax, "min": stacked.amin, "sum": stacked.sum, "mean": stacked.mean}[rule]()
+        else:
+            out[k] = {"max": max, "min": min, "sum": math.fsum, "mean": lambda v: math.fsum(v) / len(v)}[rule](values)
+    return out
 
 
 # ---------------------------------------------------------------- sinks
@@ -99,8 +133,23 @@ class TensorBoardSink:
                 self._w.add_scalar(k, v, step)
         self._w.flush()
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Samples as a markdown table under the "samples" text tag."""
+        if not rows:
+            return
+        keys = list(rows[0])
+        lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
+        self._w.add_text("samples", "\n".join(lines), step)
+        self._w.flush()
+
     def close(self) -> None:
         self._w.close()
+
+
+def _cell(value: Any) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 class WandbSink:
@@ -113,6 +162,13 @@ class WandbSink:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        import wandb
+
+        if rows:
+            keys = list(rows[0])
+            self._run.log({"samples": wandb.Table(columns=keys, data=[[r[k] for k in keys] for r in rows])}, step=step)
 
     def close(self) -> None:
         self._run.finish()

@@ -18,6 +18,12 @@ if TYPE_CHECKING:  # torch is imported lazily so `import vespo.types` stays chea
     from torch import Tensor
 
 
+def torch_device(device: Any):
+    import torch
+
+    return torch.device(device)
+
+
 @dataclass
 class Problem:
     """One prompt with the ground truth its reward is computed against."""
@@ -80,6 +86,13 @@ class TrainBatch:
     def select(self, idx: Tensor) -> "TrainBatch":
         """The rows ``idx`` [b] (int64 indices), every field sliced alike."""
         kw = {f: (v[idx] if v is not None else None) for f, v in self._fields().items()}
+        return TrainBatch(**kw)
+
+    def to(self, device: Any) -> "TrainBatch":
+        """The same rows with every tensor on ``device`` (self when already there)."""
+        if self.response_ids.device == torch_device(device):
+            return self
+        kw = {f: (v.to(device) if v is not None else None) for f, v in self._fields().items()}
         return TrainBatch(**kw)
 
     def _fields(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from vespo.config import load_config
 from vespo.metrics import read_jsonl
 from vespo.trainer.checkpoint import latest_checkpoint
-from vespo.trainer.sync import train
+from vespo.trainer import train
 
 OVERRIDES = ["model.size=nano", "task.name=addition", "task.options={digits: 1}", "task.train_size=2000",
              "task.eval_size=8", "rollout.prompts_per_step=8", "rollout.group_size=4", "staleness.n=2",

@@ -1,5 +1,5 @@
-"""Real short runs of the synchronous trainer on a tiny policy: staleness bookkeeping, W == 1 on
-policy, the non-finite guard, checkpoints and resume."""
+"""Real short runs of the training loop with the local (sync) source on a tiny policy: staleness
+bookkeeping, W == 1 on policy, the non-finite guard, checkpoints and resume."""
 
 import json
 import math
@@ -7,41 +7,43 @@ import math
 import pytest
 import torch
 
+from conftest import rollout_step, sync_loop
+
 from vespo.losses import get_loss
 from vespo.losses.registry import LossSpec, register, loss_names
 from vespo.metrics import read_jsonl
+from vespo.trainer import train
 from vespo.trainer.learner import NonFiniteError
-from vespo.trainer.setup import build
-from vespo.trainer.sync import train, train_step
 
 
 def test_n1_recompute_gives_w_exactly_one(make_cfg):
-    parts = build(make_cfg("staleness.n=1", "staleness.shuffle=false"))
-    metrics = train_step(parts, 0)
-    assert metrics["is/log_w_min"] == 0.0 and metrics["is/log_w_max"] == 0.0
-    assert metrics["is/w_mean"] == 1.0 and metrics["staleness/lag_max"] == 0.0
-    assert parts.learner.version == 1
+    with sync_loop(make_cfg("staleness.n=1", "staleness.shuffle=false")) as loop:
+        metrics = rollout_step(loop)
+        assert metrics["is/log_w_min"] == 0.0 and metrics["is/log_w_max"] == 0.0
+        assert metrics["is/w_mean"] == 1.0 and metrics["staleness/lag_max"] == 0.0
+        assert loop.learner.version == 1
 
 
 def test_stale_minibatches_have_lags_0_to_n_minus_1(make_cfg):
-    parts = build(make_cfg("staleness.n=4"))
-    seen = []
-    update = parts.learner.update
+    with sync_loop(make_cfg("staleness.n=4")) as loop:
+        seen = []
+        update = loop.learner.update
 
-    def recording_update(mb):  # records the lag of each mini-batch, then runs the real update
-        seen.append(sorted(set((parts.learner.version - mb.versions).tolist())))
-        return update(mb)
+        def recording_update(mb):  # records the lag of each mini-batch, then runs the real update
+            seen.append(sorted(set((loop.learner.version - mb.versions).tolist())))
+            return update(mb)
 
-    parts.learner.update = recording_update
-    train_step(parts, 0)
-    train_step(parts, 1)
-    assert seen == [[0], [1], [2], [3]] * 2
-    assert parts.learner.version == 8 and parts.engine.version == 8
+        loop.learner.update = recording_update
+        first, second = rollout_step(loop), rollout_step(loop)
+        assert seen == [[0], [1], [2], [3]] * 2
+        assert first["staleness/lag_max"] == 3.0 and first["staleness/lag_mean"] == 1.5
+        assert [first[f"staleness/lag_hist_{j}"] for j in range(4)] == [0.25] * 4
+        assert loop.learner.version == 8 and loop.source.engine.version == 4  # it samples step 2 at version 4
 
 
 def test_rollout_behavior_uses_engine_logprobs_and_logs_mismatch(make_cfg):
-    parts = build(make_cfg("staleness.n=1", "staleness.behavior=rollout", "rollout.engine_dtype=bfloat16"))
-    metrics = train_step(parts, 0)
+    with sync_loop(make_cfg("staleness.n=1", "staleness.behavior=rollout", "rollout.engine_dtype=bfloat16")) as loop:
+        metrics = rollout_step(loop)
     # bf16 engine vs fp32 trainer: a real mismatch, and W (built on engine log-probs) != 1
     assert metrics["mismatch/max_abs_diff"] > 1e-4
     assert metrics["is/log_w_max"] != 0.0 or metrics["is/log_w_min"] != 0.0
@@ -66,27 +68,28 @@ def _nan_loss_spec():
 
 def test_nan_loss_is_skipped_logged_and_weights_untouched(make_cfg):
     spec = _nan_loss_spec()
-    parts = build(make_cfg(f"loss.name={spec.name}", "staleness.n=2", "run.max_nonfinite_steps=3"))
-    train_step(parts, 0)  # calls 1, 2: fine
-    before = {k: v.clone() for k, v in parts.policy.state_dict().items()}
-    adam_before = {k: v["exp_avg"].clone() for k, v in parts.learner.optimizer.state_dict()["state"].items()}
-    metrics = train_step(parts, 1)  # calls 3, 4: NaN -> both skipped
-    assert metrics["optim/skipped"] == 2.0
-    assert parts.learner.version == 2 and parts.learner.nonfinite_total == 2
-    for k, v in parts.policy.state_dict().items():
-        assert torch.equal(v, before[k]), k
-    for k, v in parts.learner.optimizer.state_dict()["state"].items():
-        assert torch.equal(v["exp_avg"], adam_before[k])
-    metrics = train_step(parts, 2)  # calls 5, 6: fine again, counter reset
-    assert metrics["optim/skipped"] == 0.0 and parts.learner.nonfinite_in_a_row == 0
-    assert all(torch.isfinite(v).all() for v in parts.policy.state_dict().values())
+    with sync_loop(make_cfg(f"loss.name={spec.name}", "staleness.n=2", "run.max_nonfinite_steps=3")) as loop:
+        policy, learner = loop.learner.model, loop.learner
+        rollout_step(loop)  # calls 1, 2: fine
+        before = {k: v.clone() for k, v in policy.state_dict().items()}
+        adam_before = {k: v["exp_avg"].clone() for k, v in learner.optimizer.state_dict()["state"].items()}
+        metrics = rollout_step(loop)  # calls 3, 4: NaN -> both skipped
+        assert metrics["optim/n_skipped"] == 2.0  # a count: summed over the step's updates
+        assert learner.version == 2 and learner.nonfinite_total == 2
+        for k, v in policy.state_dict().items():
+            assert torch.equal(v, before[k]), k
+        for k, v in learner.optimizer.state_dict()["state"].items():
+            assert torch.equal(v["exp_avg"], adam_before[k])
+        metrics = rollout_step(loop)  # calls 5, 6: fine again, counter reset
+        assert metrics["optim/n_skipped"] == 0.0 and learner.nonfinite_in_a_row == 0
+        assert all(torch.isfinite(v).all() for v in policy.state_dict().values())
 
 
 def test_too_many_nonfinite_updates_stop_the_run(make_cfg):
-    parts = build(make_cfg("loss.name=vespo", "staleness.n=2", "run.max_nonfinite_steps=1"))
-    parts.learner.spec = LossSpec("always_nan", lambda *a, **k: _nan_out(*a, **k), parts.learner.spec.config_cls)
-    with pytest.raises(NonFiniteError, match="1 consecutive updates had a non-finite"):
-        train_step(parts, 0)
+    with sync_loop(make_cfg("loss.name=vespo", "staleness.n=2", "run.max_nonfinite_steps=1")) as loop:
+        loop.learner.spec = LossSpec("always_nan", lambda *a, **k: _nan_out(*a, **k), loop.learner.spec.config_cls)
+        with pytest.raises(NonFiniteError, match="1 consecutive updates had a non-finite"):
+            rollout_step(loop)
 
 
 def _nan_out(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
@@ -124,18 +127,15 @@ def test_a_finished_run_directory_is_not_overwritten(make_cfg):
 def test_micro_batch_accumulation_gives_the_same_update(make_cfg):
     """Gradient accumulation over micro-batches uses the whole mini-batch's normalizer."""
     from vespo.buffer import split_minibatches
-    from vespo.trainer.sync import set_behavior
 
     results = []
     for micro in (0, 4):
-        parts = build(make_cfg("staleness.n=1", f"optim.micro_batch_size={micro}", "optim.grad_clip=0"))
-        batch, _ = parts.producer.produce(8, seed=5, first_group_id=0)
-        batch.old_logp = None
-        [mb] = split_minibatches(batch, 1)
-        set_behavior(parts, [mb])
-        mb.old_logp = mb.old_logp + 0.1 * torch.randn(mb.old_logp.shape, generator=torch.Generator().manual_seed(0))
-        res = parts.learner.update(mb)
-        results.append((res.metrics["optim/grad_norm"], [p.detach().clone() for p in parts.policy.parameters()]))
+        with sync_loop(make_cfg("staleness.n=1", f"optim.micro_batch_size={micro}", "optim.grad_clip=0")) as loop:
+            batch, _ = loop.source.producer.produce(8, seed=5, first_group_id=0)
+            [mb], _ = loop.learner.prepare(split_minibatches(batch, 1), "recompute")
+            mb.old_logp = mb.old_logp + 0.1 * torch.randn(mb.old_logp.shape, generator=torch.Generator().manual_seed(0))
+            res = loop.learner.update(mb)
+            results.append((res.metrics["optim/grad_norm"], [p.detach().clone() for p in loop.learner.model.parameters()]))
     (g0, p0), (g1, p1) = results
     assert float(g0) == pytest.approx(float(g1), rel=1e-4)
     for a, b in zip(p0, p1):

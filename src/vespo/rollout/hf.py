@@ -62,10 +62,12 @@ class HFEngine:
         dtype: str | torch.dtype = "float32",
         attn_implementation: str | None = None,
         record_routing: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("HFEngine needs a tokenizer with both pad_token_id and eos_token_id set")
-        self.model = copy.deepcopy(model).to(resolve_dtype(dtype)).eval()  # the engine's own weights
+        self.device = torch.device(device)
+        self.model = copy.deepcopy(model).to(self.device, resolve_dtype(dtype)).eval()  # the engine's own weights
         self.model.requires_grad_(False)
         if attn_implementation is not None:
             self.model.set_attn_implementation(attn_implementation)
@@ -119,16 +121,17 @@ class HFEngine:
         # a row's mask covers its tokens up to and including its first EOS
         response_mask = (ended.long().cumsum(1) - ended.long() == 0).float()  # [B, T]
         routed = torch.stack(state.routing, dim=1) if state.routing else None  # [B, T, L, K]
+        cpu = lambda t: None if t is None else t.cpu()  # noqa: E731  (a Rollout always lives on the CPU)
         return Rollout(
-            prompt_ids=state.prompt_ids,
-            prompt_mask=state.prompt_mask,
-            response_ids=response_ids.masked_fill(response_mask == 0, self.pad_id),
-            response_mask=response_mask,
-            logprobs=torch.stack(state.logprobs, dim=1) * response_mask,  # [B, T]
-            truncated=state.alive.clone().reshape(B),
+            prompt_ids=cpu(state.prompt_ids),
+            prompt_mask=cpu(state.prompt_mask),
+            response_ids=cpu(response_ids.masked_fill(response_mask == 0, self.pad_id)),
+            response_mask=cpu(response_mask),
+            logprobs=cpu(torch.stack(state.logprobs, dim=1) * response_mask),  # [B, T]
+            truncated=cpu(state.alive.clone().reshape(B)),
             version=self._version,
-            token_versions=torch.stack(state.versions, dim=1) * response_mask.long(),  # [B, T]
-            routed_experts=routed,
+            token_versions=cpu(torch.stack(state.versions, dim=1) * response_mask.long()),  # [B, T]
+            routed_experts=cpu(routed),
         )
 
     # -- decoding ---------------------------------------------------------------------------
@@ -154,7 +157,8 @@ class HFEngine:
     def _decode(self, state: GenerationState) -> None:
         """One cached step on the last sampled token."""
         last = state.tokens[-1][:, None]  # [B, 1]
-        mask = torch.ones(last.shape[0], state.prompt_mask.shape[1] + state.n_generated, dtype=torch.long)
+        mask = torch.ones(last.shape[0], state.prompt_mask.shape[1] + state.n_generated, dtype=torch.long,
+                          device=last.device)
         mask[:, : state.prompt_mask.shape[1]] = state.prompt_mask
         position = state.prompt_mask.sum(1, keepdim=True) + state.n_generated - 1  # [B, 1]
         self._forward(state, last, mask, position)
@@ -203,7 +207,7 @@ class HFEngine:
         for i, row in enumerate(prompt_ids):
             ids[i, P - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[i, P - len(row):] = 1
-        return ids, mask
+        return ids.to(self.device), mask.to(self.device)
 
 
 def _tied_keys(model: PreTrainedModel) -> set[str]:

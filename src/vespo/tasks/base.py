@@ -25,6 +25,11 @@ class Task(ABC):
     def max_answer_chars(self) -> int:
         """An upper bound on the length of a correct completion (sizes max_new_tokens)."""
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The response cap that fits every correct completion: the longest answer and its EOS."""
+        return self.max_answer_chars + 1
+
     @abstractmethod
     def make_problem(self, rng: random.Random) -> tuple[str, Any, dict[str, Any]]:
         """One random (prompt, ground_truth, extra_info) drawn from `rng`."""

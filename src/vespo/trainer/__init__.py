@@ -1,19 +1,23 @@
-"""The trainer: synchronous stale-update loop, asynchronous Ray workers, checkpoints.
+"""The trainer: one loop fed by a sample source (local in sync mode, Ray workers in async mode).
 
     from vespo.config import load_config
     from vespo.trainer import train
     summary = train(load_config("configs/demo.yaml", ["staleness.n=8"]))
+
+    run.py          build a run's parts from its config (policy, data, reward, sampling, engines)
+    loop.py         the training loop: resume, evaluate, update/log/checkpoint, policy directory, summary
+    sources.py      the sample-source protocol and the local source (sync mode)
+    ray_source.py   the Ray source (async mode); workers.py its rollout actors
+    learner.py      μ, one optimizer step per mini-batch, the non-finite guard; remote.py as a Ray actor
+    producer.py     prompts -> engine samples -> rewards -> group advantages -> TrainBatch
+    checkpoint.py runlog.py warmstart.py cli.py
 """
 
 from __future__ import annotations
 
 
-def train(cfg, resume: bool = False) -> dict:
-    """Run the mode the config asks for (sync or async); returns the run summary."""
-    if cfg.run.mode == "async":
-        from vespo.trainer.async_ray import train_async
+def train(cfg, resume: bool = False, on_update=None) -> dict:
+    """Run (or resume) a training run, sync or async as cfg.run.mode says; returns the run summary."""
+    from vespo.trainer.loop import train as train_loop
 
-        return train_async(cfg, resume=resume)
-    from vespo.trainer.sync import train as train_sync
-
-    return train_sync(cfg, resume=resume)
+    return train_loop(cfg, resume=resume, on_update=on_update)

@@ -1,22 +1,31 @@
 """The learner: behavior log-probs, one optimizer step per mini-batch, and the non-finite guard.
 
-It knows nothing about where samples come from: the synchronous loop and the asynchronous
-(Ray) trainer feed it the same `TrainBatch`es.
+It knows nothing about where samples come from: both sample sources (local and Ray) feed it the
+same `TrainBatch`es, and the training loop calls the same three methods in both modes.
 
-    learner.behavior_logp(batch)   μ = the trainer's own log-probs of the current weights (no grad)
-    learner.update(minibatch)      one AdamW step; returns metric tensors; skips non-finite steps
+    batches, m = learner.prepare(minibatches, behavior)   μ for each mini-batch, before any update:
+                                                          the trainer's recompute (no grad) or the
+                                                          engine's log-probs; engine-vs-trainer metrics
+    result = learner.update(minibatch)                    one AdamW step; skips non-finite steps
+    learner.save_checkpoint(...) / learner.weights()      what the loop checkpoints and pushes to engines
+
+The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU and
+are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same object as a Ray actor.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
+from vespo.metrics import masked_mean, mismatch_metrics, reduce_metrics, to_floats
 from vespo.models import response_logprobs
 from vespo.types import TrainBatch
 
@@ -27,14 +36,18 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class UpdateResult:
-    metrics: dict[str, Tensor | float]
+    metrics: dict[str, float]
     skipped: bool
+    log_w: Tensor = field(default_factory=lambda: torch.zeros(0))  # [b] sequence log-weight each row had
 
 
 class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
-                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3):
-        self.model = model
+                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3,
+                 device: torch.device | str = "cpu", autocast: bool = False):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.autocast = autocast
         self.spec = get_loss(loss_name)
         self.loss_cfg = self.spec.config_cls(**loss_options)
         self.optim_cfg = optim
@@ -50,13 +63,33 @@ class Learner:
 
     # ------------------------------------------------------------ behavior policy
 
+    def prepare(self, minibatches: list[TrainBatch], behavior: str) -> tuple[list[TrainBatch], dict[str, float]]:
+        """Set each mini-batch's old_logp (μ) before any update, and measure the engine-vs-trainer gap.
+
+        behavior ``recompute``: μ = the trainer's log-probs of the current weights, computed on exactly
+        the micro-batches the update will use, so with N = 1 the first update sees W == 1 bit for bit.
+        ``rollout``: μ = the engine's log-probs. The recompute pass runs in both cases, for the
+        ``mismatch/*`` metrics (engine vs trainer on the same tokens) and the entropy.
+        """
+        stats = []
+        for mb in minibatches:
+            parts = [self.behavior_logp(micro) for micro in self.micro_batches(mb)]
+            logp = torch.cat([p[0] for p in parts]).cpu()  # [b, T]
+            entropy = torch.cat([p[1] for p in parts]).cpu()  # [b, T]
+            mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
+            stats.append({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
+                          "rollout/entropy": masked_mean(entropy, mb.response_mask)})
+        return minibatches, to_floats(reduce_metrics(stats))
+
     @torch.no_grad()
     def behavior_logp(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
         """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights."""
+        batch = batch.to(self.device)
         was_training = self.model.training
         self.model.eval()
-        logp, entropy = response_logprobs(self.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                          batch.response_mask, temperature=self.temperature, with_entropy=True)
+        with self._autocast():
+            logp, entropy = response_logprobs(self.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                              batch.response_mask, temperature=self.temperature, with_entropy=True)
         self.model.train(was_training)
         return logp, entropy
 
@@ -69,43 +102,59 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         normalizer = self._normalizer(mb)
-        loss_sum, metrics = torch.zeros(()), []
+        loss_sum, metrics, log_w = torch.zeros((), device=self.device), [], []
         for micro in self.micro_batches(mb):
-            out = self._loss(micro, normalizer)
+            out, row_log_w = self._loss(micro.to(self.device), normalizer)
             out.loss.backward()
             loss_sum = loss_sum + out.loss.detach()
             metrics.append(out.metrics)
+            log_w.append(row_log_w)
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        reduced = _mean_metrics(metrics)
-        reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0]})
-        if not (torch.isfinite(loss_sum) and torch.isfinite(grad_norm)):
-            return self._skip(reduced)
+        reduced = reduce_metrics(metrics)
+        reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/grad_norm_max": grad_norm,
+                        "optim/lr": self.scheduler.get_last_lr()[0]})
+        reduced = to_floats(reduced)  # the update's one host sync
+        log_w = torch.cat(log_w).cpu()
+        if not (math.isfinite(reduced["loss/total"]) and math.isfinite(reduced["optim/grad_norm"])):
+            return self._skip(reduced, log_w)
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0
-        reduced["optim/skipped"] = 0.0
-        return UpdateResult(reduced, skipped=False)
+        reduced["optim/n_skipped"] = 0.0
+        return UpdateResult(reduced, skipped=False, log_w=log_w)
 
     def _loss(self, micro: TrainBatch, normalizer: float):
-        logp, _ = response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                    micro.response_mask, temperature=self.temperature, with_entropy=False,
-                                    routed_experts=micro.routed_experts)
-        return self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
-                            normalizer=normalizer, rollout_logp=micro.rollout_logp)
+        """The loss of one micro-batch (on the learner's device) and its rows' sequence log-weights [b]."""
+        with self._autocast():
+            logp, _ = response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                        micro.response_mask, temperature=self.temperature, with_entropy=False,
+                                        routed_experts=micro.routed_experts)
+        # the engine's log-probs reach the loss only for its rollout correction; the engine-vs-trainer gap
+        # itself is logged once, as mismatch/* (prepare), not again as the loss's rollout/k1, k3
+        correct = self.loss_cfg.rollout_correction.mode != "none"
+        out = self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
+                           normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
+        out.metrics = {k: v for k, v in out.metrics.items() if k not in ("rollout/k1", "rollout/k3")}
+        with torch.no_grad():
+            row_log_w = ((logp.detach() - micro.old_logp) * micro.response_mask).sum(dim=-1)  # [b]
+        return out, row_log_w
 
-    def _skip(self, metrics: dict) -> UpdateResult:
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
+
+    def _skip(self, metrics: dict[str, float], log_w: Tensor) -> UpdateResult:
         """Drop the gradient of a non-finite step: the weights and optimizer state stay untouched."""
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_a_row += 1
         self.nonfinite_total += 1
-        metrics["optim/skipped"] = 1.0
+        metrics["optim/n_skipped"] = 1.0
         if self.nonfinite_in_a_row >= self.max_nonfinite:
             raise NonFiniteError(f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
-                                 f"(loss={float(metrics['loss/total'])}, grad_norm={float(metrics['optim/grad_norm'])}); "
+                                 f"(loss={metrics['loss/total']}, grad_norm={metrics['optim/grad_norm']}); "
                                  "stopping. The last checkpoint holds the weights before them.")
-        return UpdateResult(metrics, skipped=True)
+        return UpdateResult(metrics, skipped=True, log_w=log_w)
 
     def _normalizer(self, mb: TrainBatch) -> float:
         """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch."""
@@ -119,7 +168,35 @@ class Learner:
         for start in range(0, len(mb), size):
             yield mb.select(torch.arange(start, min(start + size, len(mb))))
 
-    # ------------------------------------------------------------ state
+    # ------------------------------------------------------------ weights and state
+
+    def weights(self) -> dict[str, Tensor]:
+        """The policy's weights on the CPU (what engines load and checkpoints store)."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, run_dir: str | Path, step: int, extra: dict, config: dict) -> Path:
+        """An atomic checkpoint of the weights, the optimizer and ``extra`` (the loop's counters)."""
+        from vespo.trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(run_dir, step, self.model, {**extra, "learner": self.state_dict()}, config)
+
+    def load_checkpoint(self, path: str | Path) -> dict:
+        """Weights and optimizer from a checkpoint (RNG restored); returns the loop's ``extra`` state."""
+        from vespo.trainer.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path, self.model)
+        self.load_state_dict(state.pop("learner"))
+        return state
+
+    def save_policy(self, out_dir: str | Path, tokenizer) -> Path:
+        """The policy as a Hugging Face directory (model + tokenizer, save_pretrained)."""
+        from vespo.models import save_policy
+
+        save_policy(self.model, tokenizer, out_dir)
+        return Path(out_dir)
+
+    def close(self) -> None:
+        pass  # nothing to release in process (RemoteLearner stops its actor)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -148,8 +225,3 @@ def _schedule(optim: OptimConfig, total: int):
     return factor
 
 
-def _mean_metrics(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor | float]:
-    """Mean over micro-batches (each micro-batch's diagnostics describe its own rows)."""
-    if len(dicts) == 1:
-        return dict(dicts[0])
-    return {k: torch.stack([d[k].float() for d in dicts if k in d]).mean() for k in dicts[0]}

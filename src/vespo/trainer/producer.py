@@ -1,7 +1,9 @@
 """The rollout stage: prompts → engine samples → rewards → group advantages → a `TrainBatch`.
 
-The synchronous trainer calls :meth:`RolloutProducer.produce` once per step; an asynchronous
-rollout worker calls :meth:`sample` and :meth:`score` around its own partial-rollout loop.
+The local sample source calls :meth:`RolloutProducer.produce` once per rollout step; a Ray rollout
+worker calls :meth:`score` after its own partial-rollout loop, on prompts the driver drew with
+:meth:`sample`. Prompts are tokenized and responses decoded by vespo.rollout.text, the decoding
+path evaluation uses too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import Tensor
 from vespo.advantages import group_advantages, zero_variance_groups
 from vespo.config import AdvantageConfig
 from vespo.models import encode_prompt
+from vespo.rollout.text import decode_responses
 from vespo.types import Problem, Rollout, TrainBatch
 
 RewardFn = Callable[[list[str], list[Any]], list[float]]  # (completions, ground truths) -> rewards
@@ -93,10 +96,10 @@ class RolloutProducer:
         return batch, metrics
 
     def decode(self, rollout: Rollout) -> list[str]:
-        out = []
-        for ids, mask in zip(rollout.response_ids, rollout.response_mask):
-            out.append(self.tokenizer.decode(ids[mask > 0].tolist(), skip_special_tokens=True))
-        return out
+        return decode_responses(self.tokenizer, rollout)
+
+    def encode_all(self, problems: list[Problem]) -> list[list[int]]:
+        return [self.encode(p) for p in problems]
 
     def encode(self, problem: Problem) -> list[int]:
         key = problem.id
@@ -123,5 +126,5 @@ def rollout_metrics(batch: TrainBatch, flat: Tensor) -> dict[str, float]:
         "rollout/response_len_max": float(lengths.max()),
         "rollout/eos_rate": float(1.0 - batch.truncated.float().mean()),
         "rollout/zero_var_group_frac": float(flat.float().mean()),
-        "rollout/tokens": float(lengths.sum()),
+        "rollout/n_tokens": float(lengths.sum()),
     }

@@ -2,6 +2,7 @@
 
     RUN_DIR/config.yaml         the resolved config
     RUN_DIR/metrics.jsonl       one row per rollout step ("step" = rollout steps done)
+    RUN_DIR/samples.jsonl       a few rows per run.log_samples_every steps: prompt, completion, reward, ...
     RUN_DIR/tb/                 TensorBoard events
     RUN_DIR/summary.json        reward before and after, collapse flags, timings
     RUN_DIR/checkpoints/        see vespo.trainer.checkpoint
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vespo.config import Config, to_dict
-from vespo.metrics import JsonlSink, MetricSink, TensorBoardSink, WandbSink, read_jsonl
+from vespo.metrics import JsonlSink, MetricSink, TensorBoardSink, WandbSink
 
 console = Console(stderr=True)
 
@@ -27,12 +28,14 @@ class RunLog:
     def __init__(self, cfg: Config, resume_step: int | None):
         self.dir = Path(cfg.run.out_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
         if resume_step is None and self.metrics_path.exists():
             raise FileExistsError(f"run directory {self.dir} already holds a run; pass --resume to continue it "
                                   "or choose another run.out_dir")
         self.dir.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None:
+        if resume_step is not None:  # rows written after the checkpoint the run resumes from
             truncate_metrics(self.metrics_path, resume_step)
+            truncate_metrics(self.samples_path, resume_step)
         (self.dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.sinks: list[MetricSink] = []
         for name in cfg.run.loggers:
@@ -47,8 +50,17 @@ class RunLog:
         for sink in self.sinks:
             sink.log(step, metrics)
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Rows of one step to samples.jsonl, and as text to the sinks that show text."""
+        with open(self.samples_path, "a") as f:
+            f.write("".join(json.dumps({"step": step, **r}) + "\n" for r in rows))
+        for sink in self.sinks:
+            log_text = getattr(sink, "log_samples", None)
+            if log_text is not None:
+                log_text(step, rows)
+
     def write_summary(self, summary: dict) -> None:
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2))
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -56,12 +68,19 @@ class RunLog:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop rows after ``step`` (written after the checkpoint a resume starts from)."""
+    """Drop rows after ``step`` (written after the checkpoint a resume starts from), and a torn last
+    line (a process killed mid-write)."""
     if not path.exists():
         return
-    rows = [r for r in read_jsonl(path) if r["step"] <= step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = path.read_text().split("\n")[:-1]  # only lines that were written whole
+    rows = [r for r in map(json.loads, filter(None, lines)) if r["step"] <= step]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that a crash leaves the old content or the new, never a torn one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     tmp.replace(path)
 
 

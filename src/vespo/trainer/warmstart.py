@@ -59,29 +59,29 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
 
 
 class AccuracyProbe:
-    """Sampled accuracy of the model being warm-started, on fixed held-out problems."""
+    """Sampled accuracy of the model being warm-started, on fixed held-out problems (the held-out
+    evaluation of training, on its own problems)."""
 
     def __init__(self, model, tokenizer, task, cfg: Config, n: int = 128):
-        from vespo.rollout import HFEngine, SamplingParams
+        from vespo.rewards import RewardScorer
+        from vespo.rollout import HFEngine, TextGenerator
+        from vespo.trainer.run import build_sampling
 
         self.engine = HFEngine(model, tokenizer)
-        self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.model = model
+        self.generate = TextGenerator(self.engine, tokenizer)
         self.problems = task.generate(n, seed=20_000 + cfg.run.seed)
-        self.prompt_ids = [encode_prompt(tokenizer, p.prompt) for p in self.problems]
-        r = cfg.rollout
-        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                       max_new_tokens=r.max_new_tokens or task.max_answer_chars + 2)
+        self.scorer = RewardScorer(task.reward, num_workers=0)
+        self.sampling = build_sampling(cfg, task)
         self.seed = cfg.run.seed
 
     @torch.no_grad()
     def __call__(self, version: int) -> float:
+        from vespo.evaluation import heldout_rewards
+
         self.engine.load_weights(self.model.state_dict(), version)
-        rollout = self.engine.generate(self.prompt_ids, self.sampling, seed=self.seed)
-        hits = 0.0
-        for problem, ids, mask in zip(self.problems, rollout.response_ids, rollout.response_mask):
-            text = self.tokenizer.decode(ids[mask > 0].tolist(), skip_special_tokens=True)
-            hits += self.task.reward(text, problem.ground_truth)
-        return hits / len(self.problems)
+        out = heldout_rewards(self.generate, self.problems, self.scorer, self.sampling, self.seed, kinds=("sampled",))
+        return out["reward_sampled"]
 
 
 def warmstart_cache_path(cfg: Config) -> Path:

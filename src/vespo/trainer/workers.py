@@ -5,6 +5,8 @@ Two concurrency groups keep weight delivery apart from generation:
 
     set_weights(state_dict, version, skipped)   group "weights": stores the newest weights, returns at once
     rollout(ticket, prompts, seed)               group "rollout": one at a time, in the order submitted
+    complete(prompt_ids, n, sampling, seed, v)   group "rollout": text completions once weights >= v are
+                                                 loaded (held-out evaluation in async mode)
 
 ``rollout`` first waits for admission (``StalenessBound.admits``: the ticket may not be more than
 ``max_staleness`` versions ahead of the weights it would start with), then decodes
@@ -25,6 +27,7 @@ import torch
 
 from vespo.buffer import StalenessBound
 from vespo.config import from_dict, validate
+from vespo.rollout.text import decode_responses
 from vespo.trainer.producer import PromptBatch, RolloutProducer
 from vespo.types import TrainBatch
 
@@ -34,22 +37,19 @@ class RolloutWorker:
 
     def __init__(self, cfg_dict: dict, sampling: Any, index: int):
         torch.set_num_threads(1)
-        from vespo.rollout import HFEngine
-        from vespo.trainer.setup import build_policy, build_reward
+        from vespo.trainer.run import build_policy, build_scorer, build_task, make_engine
 
         cfg = validate(from_dict(cfg_dict))
         self.index = index
         self.chunk_tokens = cfg.async_.chunk_tokens
         self.bound = StalenessBound(cfg.async_.max_staleness)
         policy, tok = build_policy(cfg)  # the architecture; its weights are replaced before any rollout
-        from vespo.models import is_moe
-
-        engine = HFEngine(policy, tok, dtype=cfg.rollout.engine_dtype,
-                          record_routing=cfg.rollout.router_replay and is_moe(policy))
+        self.engine = make_engine(cfg, policy, tok)  # the engine rollout.* asks for, as in sync mode
         del policy
-        self.engine = engine
-        self.producer = RolloutProducer(engine, tok, None, build_reward(cfg, _task(cfg)), sampling,
-                                        cfg.rollout.group_size, cfg.advantage)
+        self.tokenizer = tok
+        self.scorer = build_scorer(cfg, build_task(cfg))
+        self.producer = RolloutProducer(self.engine, tok, None, lambda c, t: self.scorer.score(c, t).rewards,
+                                        sampling, cfg.rollout.group_size, cfg.advantage)
         self._cv = threading.Condition()
         self._pending: tuple[dict, int, int] | None = None  # newest undelivered (weights, version, skipped)
         self.version = -1  # weights version loaded in the engine; -1 = none yet
@@ -90,6 +90,18 @@ class RolloutWorker:
                         "perf/admission_wait_s": t1 - t0, "async/reloads_mid_rollout": float(reloads)})
         return ticket, batch, metrics
 
+    @ray.method(concurrency_group="rollout")
+    def complete(self, prompt_ids: list[list[int]], n: int, sampling: Any, seed: int, version: int) -> list[list[str]]:
+        """n completions per prompt as text, with weights of ``version`` or newer (evaluation)."""
+        while self.version < version:
+            self._load_pending()
+            with self._cv:
+                if self._pending is None and self.version < version:
+                    self._cv.wait(timeout=1.0)
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        texts = decode_responses(self.tokenizer, self.engine.generate(rows, sampling, seed=seed))
+        return [texts[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
+
     def _admit(self, ticket: int) -> None:
         """Block until weights are loaded that may start ``ticket`` within the staleness bound."""
         while True:
@@ -110,15 +122,6 @@ class RolloutWorker:
         self.engine.load_weights(state_dict, version)
         self.version, self.skipped = version, skipped
         return 1
-
-
-def _task(cfg):
-    """The built-in task whose reward the worker computes (None when training on a dataset)."""
-    if cfg.task.dataset:
-        return None
-    from vespo.tasks import get_task
-
-    return get_task(cfg.task.name, **cfg.task.options)
 
 
 def remote_worker_class():

@@ -1,0 +1,304 @@
+"""The asynchronous sample source: rollout workers on Ray generate while the learner trains.
+
+    loop + learner (driver, or a Ray actor)            rollout workers (Ray actors, vespo.trainer.workers)
+    ---------------------------------------            ---------------------------------------------------
+    next(): the mini-batch of ticket t, μ set   <----   wait for admission (staleness bound)
+    after_update(): every K = sync_every               generate chunk_tokens at a time, loading newer
+      updates, weights -> object store -> workers ---->  weights between chunks (partial rollouts)
+                                                       score, advantage -> TrainBatch
+
+Each mini-batch (``prompts_per_step / staleness.n`` prompts x G responses) has a *ticket*: the
+index of the learner update it is destined for. The source draws its prompts from the prompt
+stream and hands it to the least busy worker; workers may finish out of order, the loop gets
+tickets strictly in order (``buffer.TicketQueue``). A worker starts ticket t only with weights
+recent enough that every row's lag (learner version at train time - oldest token version) stays
+<= ``async.max_staleness`` (``buffer.StalenessBound``): staleness is bounded by making rollout
+wait, never by discarding samples. μ is the engine's own log-probs (staleness.behavior=rollout),
+so the importance weight carries staleness and engine mismatch together.
+
+A crashed worker is restarted by Ray (``async.max_restarts``); the source sends it the newest
+weights and resubmits its unfinished tickets. RUN_DIR/versions.jsonl records, per update, the
+learner version and each row's token versions (the staleness bound can be checked row by row).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from vespo.buffer import StalenessBound, TicketQueue
+from vespo.config import AsyncConfig, to_dict
+from vespo.data import PromptStream
+from vespo.rollout.base import SamplingParams
+from vespo.trainer.producer import PromptBatch, RolloutProducer
+from vespo.trainer.run import Run
+from vespo.trainer.sources import TrainItem, step_seed
+from vespo.trainer.workers import remote_worker_class
+from vespo.types import Problem
+
+PREFETCH = 2  # rollout calls queued per worker, so it never idles between two mini-batches
+
+
+class WorkerError(RuntimeError):
+    """A rollout worker raised, or crashed more often than ``async.max_restarts`` allows."""
+
+
+@dataclass
+class Ticket:
+    index: int  # the learner update this mini-batch is destined for
+    prompts: PromptBatch
+    seed: int
+    worker: int = -1
+
+
+def start_ray(a: AsyncConfig) -> bool:
+    """Join the cluster at ``a.ray_address``, or start a local Ray on loopback; False if Ray was
+    already initialized (then the caller's Ray is left running)."""
+    if ray.is_initialized():
+        return False
+    if a.ray_address:
+        ray.init(address=a.ray_address, log_to_driver=True)
+    else:
+        cpus = a.workers + (int(a.learner_num_cpus + 0.999) if a.learner == "actor" else 0)
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=cpus, log_to_driver=True)
+    return True
+
+
+class RaySource:
+    """Async mode's sample source (see the module docstring)."""
+
+    def __init__(self, run: Run, learner):
+        self.run, self.cfg, self.learner = run, run.cfg, learner
+        self.a = run.cfg.async_
+        self.max_lag = self.a.max_staleness
+        self.bound = StalenessBound(self.a.max_staleness)
+        self.total = run.cfg.total_updates
+        self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
+        self.prompts = RolloutProducer(None, run.tokenizer, self.stream, run.rewards, run.sampling,
+                                       run.cfg.rollout.group_size, run.cfg.advantage)  # draws and encodes prompts
+        self.queue = TicketQueue()
+        self.workers: list = []
+        self.inflight: dict[ray.ObjectRef, Ticket] = {}
+        self.next_issue = 0
+        self.stream_states: dict[int, dict] = {}  # ticket -> prompt-stream state before its prompts were drawn
+        self.weights_ref = None
+        self.pushed = (-1, 0)  # (version, skipped) of the last weight push
+        self.pushes = 0
+        self.restarts: list[int] = []
+        self.versions_file = None
+
+    # ------------------------------------------------------------ the protocol
+
+    def start(self, first_update: int) -> None:
+        self.queue, self.next_issue = TicketQueue(first_update), first_update
+        self.stream_states = {}
+        self._open_versions_log(first_update)
+        self.start_workers()
+
+    def next(self) -> TrainItem:
+        """Wait for the next ticket; its mini-batch with μ = the engine's log-probs."""
+        t0 = time.perf_counter()
+        self.fill()
+        idle = self.wait_for_next()
+        depth = self.queue.depth - 1  # finished mini-batches waiting behind this one
+        ticket, (batch, metrics) = self.queue.pop()
+        [batch], behavior = self.learner.prepare([batch], self.cfg.behavior)
+        self._record_versions(ticket, batch)
+        metrics = {**metrics, **behavior, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth),
+                   "perf/wait_and_mu_s_sum": time.perf_counter() - t0}
+        return TrainItem(ticket, batch, metrics)
+
+    def after_update(self, version: int) -> None:
+        if version % self.a.sync_every == 0 and version > self.pushed[0]:
+            self.push_weights()
+
+    def generate(self, problems: list[Problem], n: int, sampling: SamplingParams, seed: int) -> list[list[str]]:
+        """Completions from rollout worker 0 once it holds the learner's newest weights."""
+        if self.pushed[0] < self.learner.version or not self.workers:
+            if not self.workers:
+                self.start_workers()
+            else:
+                self.push_weights()
+        ids = self.prompts.encode_all(problems)
+        ref = self.workers[0].complete.remote(ids, n, sampling, seed, self.pushed[0])
+        return ray.get(ref, timeout=max(self.a.stall_timeout_s, 60.0))
+
+    def checkpointable(self) -> bool:
+        return True
+
+    def state_dict(self) -> dict:
+        """The prompt-stream state of the first untrained ticket, so a resume redraws exactly the
+        prompts that were in flight."""
+        t = self.queue.next_ticket
+        stream = self.stream_states.get(t) if t < self.next_issue else self.stream.state_dict()
+        self.stream_states = {k: v for k, v in self.stream_states.items() if k >= t}
+        return {"stream": stream, "tickets": t}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+
+    def summary(self) -> dict:
+        return {"weight_pushes": self.pushes, "worker_restarts": sum(self.restarts)}
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"async/weight_pushes": float(self.pushes), "async/worker_restarts": float(sum(self.restarts))}
+
+    def close(self) -> None:
+        self.stop_workers()
+        if self.versions_file is not None:
+            self.versions_file.close()
+            self.versions_file = None
+
+    # ------------------------------------------------------------ workers and weights
+
+    def start_workers(self) -> None:
+        actor = remote_worker_class().options(max_restarts=self.a.max_restarts, max_task_retries=0, num_cpus=1)
+        cfg_dict = to_dict(self.cfg)
+        self.workers = [actor.remote(cfg_dict, self.run.sampling, i) for i in range(self.a.workers)]
+        self.restarts = [0] * self.a.workers
+        self.push_weights()
+        try:  # every worker built and holding weights
+            ray.get([w.pid.remote() for w in self.workers], timeout=self.a.stall_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise WorkerError(f"rollout workers did not start within {self.a.stall_timeout_s:.0f}s "
+                              "(async.stall_timeout_s); is the Ray cluster alive and does it have free CPUs?") from e
+
+    def push_weights(self) -> None:
+        """Put the learner's weights in the object store once; every worker fetches them."""
+        self.weights_ref = publish_weights(self.learner)
+        version = self.learner.version
+        self.pushed = (version, self.queue.next_ticket - version)
+        for w in self.workers:
+            w.set_weights.remote(self.weights_ref, *self.pushed)
+        self.pushes += 1
+
+    def fill(self) -> None:
+        """Issue tickets (in order) to the least busy workers until each has PREFETCH queued."""
+        while self.next_issue < self.total:
+            load = [sum(t.worker == i for t in self.inflight.values()) for i in range(len(self.workers))]
+            worker = min(range(len(load)), key=load.__getitem__)
+            if load[worker] >= PREFETCH:
+                return
+            self.submit(self.new_ticket(), worker)
+
+    def new_ticket(self) -> Ticket:
+        i, per_mb = self.next_issue, self.cfg.prompts_per_minibatch
+        self.stream_states[i] = self.stream.state_dict()
+        prompts = self.prompts.sample(per_mb, first_group_id=i * per_mb)
+        self.next_issue += 1
+        return Ticket(i, prompts, step_seed(self.cfg, i, 1))
+
+    def submit(self, ticket: Ticket, worker: int) -> None:
+        ticket.worker = worker
+        ref = self.workers[worker].rollout.remote(ticket.index, ticket.prompts, ticket.seed)
+        self.inflight[ref] = ticket
+
+    def wait_for_next(self) -> float:
+        """Collect finished rollouts until the next ticket is there; returns the seconds waited."""
+        t0 = last = time.perf_counter()
+        while not self.queue.ready():
+            self.keep_admissible()
+            done, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            for ref in done:
+                self.collect(ref)
+                last = time.perf_counter()
+            if time.perf_counter() - last > self.a.stall_timeout_s:
+                raise WorkerError(f"no rollout arrived for {self.a.stall_timeout_s:.0f}s while waiting for "
+                                  f"ticket {self.queue.next_ticket} ({len(self.inflight)} in flight); "
+                                  "is the Ray cluster alive? (async.stall_timeout_s)")
+        return time.perf_counter() - t0
+
+    def keep_admissible(self) -> None:
+        """Push early when the next ticket could not be admitted with the pushed weights
+        (only happens when max_staleness < sync_every - 1: without it the run would deadlock)."""
+        t = self.queue.next_ticket
+        needed = self.bound.needed_version(t, t - self.learner.version)
+        if self.pushed[0] < needed and self.learner.version > self.pushed[0]:
+            self.push_weights()
+
+    def collect(self, ref: ray.ObjectRef) -> None:
+        ticket = self.inflight.pop(ref)
+        try:
+            index, batch, metrics = ray.get(ref)
+        except RayActorError as e:
+            self.restart(ticket, e)
+            return
+        except RayTaskError as e:
+            raise WorkerError(f"rollout worker {ticket.worker} failed on ticket {ticket.index}: {e}") from e
+        self.queue.put(index, (batch, metrics))
+
+    def restart(self, failed: Ticket, error: Exception) -> None:
+        """A worker process died: wait for Ray to restart it, send it weights, resubmit its tickets."""
+        from vespo.trainer.runlog import console
+
+        i = failed.worker
+        self.restarts[i] += 1
+        if self.restarts[i] > self.a.max_restarts:
+            raise WorkerError(f"rollout worker {i} crashed {self.restarts[i]} times (async.max_restarts="
+                              f"{self.a.max_restarts}): {error}") from error
+        lost = [failed] + [t for t in self.inflight.values() if t.worker == i]
+        self.inflight = {r: t for r, t in self.inflight.items() if t.worker != i}
+        console.print(f"[yellow]rollout worker {i} crashed; restarting it and resubmitting tickets "
+                      f"{sorted(t.index for t in lost)}")
+        pid = self._await_alive(i)
+        self.workers[i].set_weights.remote(self.weights_ref, *self.pushed)
+        for t in sorted(lost, key=lambda t: t.index):
+            self.submit(t, i)
+        console.print(f"rollout worker {i} is back (pid {pid})")
+
+    def _await_alive(self, i: int, timeout_s: float = 120.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get(self.workers[i].pid.remote(), timeout=30)
+            except (RayActorError, ray.exceptions.GetTimeoutError) as e:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"rollout worker {i} did not come back within {timeout_s:.0f}s") from e
+                time.sleep(0.5)
+
+    def stop_workers(self) -> None:
+        from vespo.trainer.runlog import console
+
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception as e:  # already gone, or Ray itself is going down
+                console.print(f"could not kill a rollout worker: {e}")
+        self.workers = []
+        self.inflight = {}
+
+    # ------------------------------------------------------------ versions.jsonl
+
+    def _open_versions_log(self, first: int) -> None:
+        """RUN_DIR/versions.jsonl: per update, the learner version and each row's token versions."""
+        path = Path(self.cfg.run.out_dir) / "versions.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
+        if first > 0 and path.exists():
+            rows = [line for line in _complete_lines(path) if json.loads(line)["ticket"] < first]
+        path.write_text("".join(r + "\n" for r in rows))
+        self.versions_file = path.open("a")
+
+    def _record_versions(self, ticket: int, batch) -> None:
+        row = {"ticket": ticket, "learner_version": self.learner.version, "versions": batch.versions.tolist(),
+               "versions_max": batch.versions_max.tolist()}
+        self.versions_file.write(json.dumps(row) + "\n")
+        self.versions_file.flush()
+
+
+def publish_weights(learner) -> ray.ObjectRef:
+    """The learner's weights in Ray's object store (put by the learner's own process when it is an actor)."""
+    if hasattr(learner, "weights_ref"):
+        return learner.weights_ref()
+    return ray.put(learner.weights())
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a file that end with a newline (a process killed mid-write leaves a torn last line)."""
+    text = path.read_text()
+    return text.split("\n")[:-1] if text else []

@@ -1,0 +1,150 @@
+"""A run's parts, built once from its config: policy, tokenizer, data, reward, sampling, engine.
+
+    run = build_run(cfg)          # warm start included (tiny models on built-in tasks)
+    run.policy                    # the trainer's weights; the learner takes them over
+    run.make_engine(run.policy)   # a rollout engine with its own copy (HF or vLLM), as rollout.* asks
+
+Everything here is the same in sync and async mode; what differs (where samples come from) lives
+in the sample sources (vespo.trainer.sources, vespo.trainer.ray_source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from vespo.config import Config, ConfigError
+from vespo.rewards import RewardScorer
+from vespo.rollout.base import SamplingParams
+from vespo.tasks.base import Task
+from vespo.types import Problem
+
+
+@dataclass
+class Run:
+    """The parts of one training run (the learner and the sample source are built on top)."""
+
+    cfg: Config
+    policy: PreTrainedModel  # the trainer's weights (model.dtype), on the CPU until the learner moves them
+    tokenizer: PreTrainedTokenizerBase
+    task: Task | None  # the built-in task, or None when training on a dataset
+    train_problems: list[Problem]
+    eval_problems: list[Problem]
+    sampling: SamplingParams  # rollout sampling (temperature, top-k/p, response cap)
+    scorer: RewardScorer
+    warmstart: dict[str, float] = field(default_factory=dict)
+
+    def rewards(self, completions: list[str], truths: list[Any]) -> list[float]:
+        """Rewards of a batch; a failed reward is NaN (reported by the scorer), never a silent 0/1."""
+        return self.scorer.score(completions, truths).rewards
+
+    def make_engine(self, policy: PreTrainedModel):
+        """A rollout engine holding its own copy of ``policy`` (weights replaced by load_weights later)."""
+        return make_engine(self.cfg, policy, self.tokenizer)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_run(cfg: Config, log=print) -> Run:
+    from vespo.trainer.warmstart import warm_start
+
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+    policy, tokenizer = build_policy(cfg)
+    task, train, held_out = build_data(cfg)
+    ws_stats: dict[str, float] = {}
+    if cfg.warmstart.enabled and task is not None and cfg.warmstart.steps > 0:
+        ws_stats = warm_start(policy, tokenizer, task, cfg, log=log)
+    return Run(cfg, policy, tokenizer, task, train, held_out, build_sampling(cfg, task), build_scorer(cfg, task),
+               ws_stats)
+
+
+def build_policy(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer): a local HF model directory, or a tiny model over the built-in tokenizer."""
+    from vespo.models import build_char_tokenizer, load_policy, tiny_model
+
+    m = cfg.model
+    if m.path:
+        return load_policy(m.path, dtype=m.dtype, attn_implementation=m.attn_implementation)
+    tok = build_char_tokenizer()
+    torch.manual_seed(cfg.run.seed)
+    model = tiny_model(arch=m.arch, size=m.size, tokenizer=tok, seed=cfg.run.seed)
+    if m.attn_implementation:
+        model.set_attn_implementation(m.attn_implementation)
+    return model.to(getattr(torch, m.dtype)), tok
+
+
+def build_task(cfg: Config) -> Task | None:
+    """The built-in task (None when training on a dataset)."""
+    from vespo.tasks import get_task
+
+    if cfg.task.dataset:
+        return None
+    try:
+        return get_task(cfg.task.name, **cfg.task.options)
+    except ValueError as e:
+        raise ConfigError(f"task: {e}") from None
+
+
+def build_data(cfg: Config) -> tuple[Task | None, list[Problem], list[Problem]]:
+    """(task or None, training problems, held-out problems)."""
+    from vespo.data import load_problems
+
+    t = cfg.task
+    if t.dataset:
+        problems = load_problems(t.dataset)
+        n_eval = min(t.eval_size, len(problems) // 10)
+        return None, problems[n_eval:], problems[:n_eval]
+    task = build_task(cfg)
+    train = task.generate(t.train_size, seed=cfg.run.seed)
+    held_out = task.generate(t.eval_size, seed=cfg.run.seed + 1_000_003)
+    return task, train, held_out
+
+
+def build_sampling(cfg: Config, task: Task | None) -> SamplingParams:
+    """Rollout sampling; the response cap defaults to the task's (its longest answer and EOS)."""
+    r = cfg.rollout
+    max_new = r.max_new_tokens or (task.max_new_tokens if task is not None else 0)
+    if max_new <= 0:
+        raise ConfigError("rollout.max_new_tokens must be set (> 0) when training on a dataset "
+                          f"({cfg.task.dataset}): e.g. rollout.max_new_tokens=1024")
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=max_new)
+
+
+def build_scorer(cfg: Config, task: Task | None) -> RewardScorer:
+    """The task's exact reward in process, a user reward by import path, or math-verify, with time limits."""
+    from vespo.rewards import load_reward_fn
+
+    if cfg.task.reward:
+        return RewardScorer(load_reward_fn(cfg.task.reward), timeout_s=10.0, num_workers=2)
+    if task is not None:
+        return RewardScorer(task.reward, num_workers=0)  # exact and cheap: in process
+    from vespo.rewards import math_verify_reward
+
+    return RewardScorer(math_verify_reward, timeout_s=10.0, num_workers=2)
+
+
+def make_engine(cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    """The rollout engine rollout.engine asks for, with its own copy of the weights."""
+    r = cfg.rollout
+    if r.engine == "vllm":
+        from vespo.rollout import VLLMEngine
+
+        return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype)
+    from vespo.models import is_moe
+    from vespo.models.device import resolve_device
+    from vespo.rollout import HFEngine
+
+    return HFEngine(policy, tokenizer, dtype=r.engine_dtype, device=resolve_device(r.device, cfg.model.device),
+                    record_routing=r.router_replay == "r3" and is_moe(policy))
