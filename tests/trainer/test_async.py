@@ -19,8 +19,9 @@ import torch
 
 from vespo.buffer import StalenessBound, TicketQueue, lag_stats
 from vespo.metrics import read_jsonl
-from vespo.trainer.async_ray import WorkerError, train_async
+from vespo.trainer import train
 from vespo.trainer.checkpoint import latest_checkpoint
+from vespo.trainer.ray_source import WorkerError
 
 
 # ---------------------------------------------------------------- pure parts, by hand
@@ -105,11 +106,12 @@ def test_failing_worker_stops_the_run_with_a_checkpoint_and_no_ray_processes(mak
     # children that existed before (e.g. multiprocessing's resource tracker from earlier tests) are not Ray's
     before = {p.pid for p, _ in _ray_processes()}
 
-    def break_the_worker(trainer):
-        if trainer.queue.next_ticket == 2:
+    def break_the_worker(loop):
+        if loop.updates_done == 2:
+            source = loop.source
             seen["procs"] = [(p, name) for p, name in _ray_processes() if p.pid not in before]
-            seen["worker_pid"] = ray.get(trainer.workers[0].pid.remote())
-            ray.get(trainer.workers[0].__ray_call__.remote(install_failing_reward))
+            seen["worker_pid"] = ray.get(source.workers[0].pid.remote())
+            ray.get(source.workers[0].__ray_call__.remote(install_failing_reward))
 
     def install_failing_reward(worker):  # runs inside the worker actor (pickled by value)
         def reward_fn(completions, truths):
@@ -118,9 +120,11 @@ def test_failing_worker_stops_the_run_with_a_checkpoint_and_no_ray_processes(mak
         worker.producer.reward_fn = reward_fn
 
     with pytest.raises(WorkerError, match="rollout worker 0 failed on ticket"):
-        train_async(cfg, on_update=break_the_worker)
+        train(cfg, on_update=break_the_worker)
+    # checkpoints fall between rollout steps (N = 2 updates): the one written at update 2 or 4 survives
     state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
-    assert 2 <= state["tickets"] < 8 and state["learner"]["version"] == state["tickets"]
+    assert state["updates"] in (2, 4) and state["learner"]["version"] == state["updates"]
+    assert state["source"]["tickets"] == state["updates"]
     assert not ray.is_initialized()
     names = {name for _, name in seen["procs"]}
     assert seen["worker_pid"] in {p.pid for p, _ in seen["procs"]} and {"raylet", "gcs_server"} <= names, names
@@ -141,12 +145,12 @@ def test_async_run_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg,
                  "async.sync_every=4", "async.max_staleness=4")
     killed: dict = {}
 
-    def kill_worker_once(trainer):
-        if trainer.queue.next_ticket == 20 and not killed:
-            killed["pid"] = ray.get(trainer.workers[0].pid.remote())
+    def kill_worker_once(loop):
+        if loop.updates_done == 20 and not killed:
+            killed["pid"] = ray.get(loop.source.workers[0].pid.remote())
             os.kill(killed["pid"], signal.SIGKILL)
 
-    summary = train_async(cfg, on_update=kill_worker_once)
+    summary = train(cfg, on_update=kill_worker_once)
     assert summary["status"] == "done" and summary["worker_restarts"] == 1 and summary["updates_done"] == 120
 
     records = read_jsonl(f"{cfg.run.out_dir}/versions.jsonl")
@@ -177,18 +181,39 @@ def test_async_run_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg,
 def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(make_cfg, local_ray):
     cfg = _async(make_cfg, "run.steps=4", "staleness.n=2", "async.max_staleness=1", "async.sync_every=2")
 
-    def ctrl_c(trainer):
-        if trainer.queue.next_ticket == 3:
+    def ctrl_c(loop):
+        if loop.updates_done == 3:
             os.kill(os.getpid(), signal.SIGINT)
 
-    first = train_async(cfg, on_update=ctrl_c)
-    assert first["status"] == "interrupted" and first["updates_done"] == 3
-    summary = train_async(cfg, resume=True)
+    first = train(cfg, on_update=ctrl_c)
+    assert first["status"] == "interrupted" and first["updates_done"] == 4  # the rollout step is finished
+    summary = train(cfg, resume=True)
     assert summary["status"] == "done" and summary["updates_done"] == 8 and summary["policy_version"] == 8
     records = read_jsonl(f"{cfg.run.out_dir}/versions.jsonl")
     assert [r["ticket"] for r in records] == list(range(8))
     assert max(r["learner_version"] - v for r in records for v in r["versions"]) <= 1
     assert [r["step"] for r in read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")] == [1, 2, 3, 4]
     state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
-    assert state["stream"]["cursor"] == 8 * cfg.prompts_per_minibatch  # each prompt drawn once, none lost
+    assert state["source"]["stream"]["cursor"] == 8 * cfg.prompts_per_minibatch  # each prompt drawn once, none lost
     assert json.loads(open(f"{cfg.run.out_dir}/summary.json").read())["mode"] == "async"
+
+
+def test_learner_as_its_own_ray_actor(make_cfg, local_ray):
+    """async.learner=actor: the optimizer lives in another process; the loop, pushes and checkpoints still work."""
+    cfg = _async(make_cfg, "run.steps=3", "staleness.n=2", "async.learner=actor", "async.learner_num_cpus=1",
+                 "async.sync_every=2", "async.max_staleness=2", "run.checkpoint_every=1")
+    where: dict = {}
+
+    def record(loop):
+        if "learner_pid" not in where:
+            where["learner_pid"] = ray.get(loop.learner.actor.__ray_call__.remote(lambda actor: os.getpid()))
+
+    summary = train(cfg, on_update=record)
+    assert summary["status"] == "done" and summary["updates_done"] == 6 and summary["policy_version"] == 6
+    assert where["learner_pid"] != os.getpid()
+    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
+    assert state["updates"] == 6 and state["learner"]["version"] == 6  # written by the actor
+    assert (cfg.run.out_dir and (latest_checkpoint(cfg.run.out_dir).parent.parent / "policy" / "config.json").is_file())
+    rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["optim/n_skipped"] == 0.0 for r in rows)
+    assert summary["weight_pushes"] >= 3  # the initial push and one every 2 updates, from the actor's store

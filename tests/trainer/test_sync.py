@@ -140,3 +140,40 @@ def test_micro_batch_accumulation_gives_the_same_update(make_cfg):
     assert float(g0) == pytest.approx(float(g1), rel=1e-4)
     for a, b in zip(p0, p1):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_devices_resolve_and_a_missing_gpu_is_a_config_error(make_cfg):
+    from vespo.config import ConfigError
+    from vespo.models.device import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device(None, "cpu").type == "cpu"  # rollout.device None follows model.device
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="model.device / rollout.device"):
+            resolve_device("cuda:0")
+    with pytest.raises(ConfigError, match="model.device must be auto, cpu, cuda or cuda:N"):
+        make_cfg("model.device=gpu")
+
+
+def test_cpu_autocast_run_trains(make_cfg):
+    """model.autocast runs the learner's forwards in bfloat16 (here on the CPU); the run still learns steps."""
+    cfg = make_cfg("model.device=cpu", "model.autocast=true", "run.steps=2")
+    summary = train(cfg)
+    assert summary["status"] == "done" and summary["policy_version"] == 4
+    rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")
+    assert all(math.isfinite(r["loss/total"]) for r in rows)
+
+
+def test_samples_are_logged_readably(make_cfg):
+    cfg = make_cfg("run.steps=2", "run.log_samples_every=1", "run.samples_per_log=3", "run.loggers=[jsonl,tensorboard]")
+    train(cfg)
+    rows = read_jsonl(f"{cfg.run.out_dir}/samples.jsonl")
+    assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    for r in rows:
+        assert set(r) >= {"prompt", "completion", "reward", "advantage", "lag", "log_w"}
+        assert r["prompt"].endswith("=") and r["lag"] in (0, 1) and r["reward"] in (0.0, 1.0)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(f"{cfg.run.out_dir}/tb", size_guidance={"tensors": 0}).Reload()
+    assert "samples/text_summary" in events.Tags()["tensors"]
