@@ -68,9 +68,10 @@ class RolloutConfig:
     engine: str = opt("hf", "rollout engine backend", choices=["hf", "vllm"])
     device: str | None = opt(None, "device of the HF rollout engine: auto, cpu, cuda or cuda:N; None follows "
                              "model.device (vLLM always runs on CUDA)")
-    router_replay: str = opt("none", "MoE routing replay: none; r2 = the recompute of mu records the expert "
-                             "choices and every training forward replays them; r3 = the rollout engine records "
-                             "them and the recompute and every training forward replay them",
+    router_replay: str = opt("none", "MoE router replay (docs/router_replay.md): r2 records the experts of the "
+                             "trainer's recompute of mu and replays them in every training forward; r3 records "
+                             "the rollout engine's (prompt included; HF engine only) and replays them in the "
+                             "recompute and every training forward; a no-op on a dense model",
                              choices=["none", "r2", "r3"])
 
 

@@ -11,6 +11,11 @@ same `TrainBatch`es, and the training loop calls the same three methods in both 
 
 The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU and
 are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same object as a Ray actor.
+
+Router replay (``cfg.rollout.router_replay``, docs/router_replay.md) on a MoE model: ``r2`` records
+the experts the recompute pass chose at every position into ``batch.routed_experts``; ``r3``
+replays the engine's recorded ones there. Every training forward replays ``batch.routed_experts``
+when it is set.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from torch import Tensor, nn
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
 from vespo.metrics import masked_mean, mismatch_metrics, reduce_metrics, to_floats
-from vespo.models import response_logprobs
+from vespo.models import is_moe, record_routing, response_logprobs
+from vespo.models.moe import stack_routing
 from vespo.types import TrainBatch
+
+
+REPLAY_MODES = ("none", "r2", "r3")
 
 
 class NonFiniteError(RuntimeError):
@@ -60,38 +69,72 @@ class Learner:
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
+        self.moe = is_moe(model)
 
     # ------------------------------------------------------------ behavior policy
 
-    def prepare(self, minibatches: list[TrainBatch], behavior: str) -> tuple[list[TrainBatch], dict[str, float]]:
+    def prepare(self, minibatches: list[TrainBatch], behavior: str,
+                replay: str = "none") -> tuple[list[TrainBatch], dict[str, float]]:
         """Set each mini-batch's old_logp (μ) before any update, and measure the engine-vs-trainer gap.
 
         behavior ``recompute``: μ = the trainer's log-probs of the current weights, computed on exactly
         the micro-batches the update will use, so with N = 1 the first update sees W == 1 bit for bit.
         ``rollout``: μ = the engine's log-probs. The recompute pass runs in both cases, for the
-        ``mismatch/*`` metrics (engine vs trainer on the same tokens) and the entropy.
+        ``mismatch/*`` metrics (engine vs trainer on the same tokens) and the entropy. ``replay`` is the
+        router replay mode (none, r2, r3; see ``behavior_logp``).
         """
         stats = []
         for mb in minibatches:
-            parts = [self.behavior_logp(micro) for micro in self.micro_batches(mb)]
-            logp = torch.cat([p[0] for p in parts]).cpu()  # [b, T]
-            entropy = torch.cat([p[1] for p in parts]).cpu()  # [b, T]
+            logp, entropy = self.behavior_logp(mb, replay)  # [b, T], [b, T] (on the CPU)
             mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
             stats.append({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
                           "rollout/entropy": masked_mean(entropy, mb.response_mask)})
         return minibatches, to_floats(reduce_metrics(stats))
 
     @torch.no_grad()
-    def behavior_logp(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
-        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights."""
-        batch = batch.to(self.device)
+    def behavior_logp(self, batch: TrainBatch, replay: str = "none") -> tuple[Tensor, Tensor]:
+        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights.
+
+        Computed on exactly the micro-batches ``update`` will use, so with N = 1 the first update
+        sees W == 1 bit for bit. ``replay`` sets ``batch.routed_experts``, what every training
+        forward over the batch replays (nothing changes on a dense model):
+          none  routes freely and clears batch.routed_experts;
+          r2    routes freely and records its choices at every position into batch.routed_experts;
+          r3    replays batch.routed_experts, the engine's choices (it must be set).
+        """
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
+        if replay == "r3" and self.moe and batch.routed_experts is None:
+            raise ValueError("router replay r3 needs the engine's routing, but batch.routed_experts is None: "
+                             "build the HF engine with record_routing=True (the vLLM backend does not report "
+                             "routing; see docs/router_replay.md)")
+        if replay != "r3":
+            batch.routed_experts = None  # none and r2 route freely here
+        record = replay == "r2" and self.moe
         was_training = self.model.training
         self.model.eval()
-        with self._autocast():
-            logp, entropy = response_logprobs(self.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                              batch.response_mask, temperature=self.temperature, with_entropy=True)
+        parts = [self._behavior_micro(micro.to(self.device), record) for micro in self.micro_batches(batch)]
         self.model.train(was_training)
-        return logp, entropy
+        if record:
+            batch.routed_experts = torch.cat([routing for _, _, routing in parts]).cpu()  # [B, P+T, L, K]
+        return torch.cat([logp for logp, _, _ in parts]).cpu(), torch.cat([ent for _, ent, _ in parts]).cpu()
+
+    def _behavior_micro(self, micro: TrainBatch, record: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """logp [b, T], entropy [b, T] and, when recording, the routing of every position [b, P+T, L, K]."""
+        if not record:
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+            return logp, entropy, None
+        with record_routing(self.model) as records:
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+        b, S = micro.prompt_ids.shape[0], micro.prompt_ids.shape[1] + micro.response_ids.shape[1]
+        return logp, entropy, stack_routing(records, b, S)
+
+    def _logprobs(self, micro: TrainBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set."""
+        with self._autocast():
+            return response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                     micro.response_mask, temperature=self.temperature, with_entropy=with_entropy,
+                                     routed_experts=micro.routed_experts)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -127,10 +170,7 @@ class Learner:
 
     def _loss(self, micro: TrainBatch, normalizer: float):
         """The loss of one micro-batch (on the learner's device) and its rows' sequence log-weights [b]."""
-        with self._autocast():
-            logp, _ = response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                        micro.response_mask, temperature=self.temperature, with_entropy=False,
-                                        routed_experts=micro.routed_experts)
+        logp, _ = self._logprobs(micro, with_entropy=False)  # replays micro.routed_experts when set
         # the engine's log-probs reach the loss only for its rollout correction; the engine-vs-trainer gap
         # itself is logged once, as mismatch/* (prepare), not again as the loss's rollout/k1, k3
         correct = self.loss_cfg.rollout_correction.mode != "none"

@@ -107,7 +107,7 @@ class RaySource:
         idle = self.wait_for_next()
         depth = self.queue.depth - 1  # finished mini-batches waiting behind this one
         ticket, (batch, metrics) = self.queue.pop()
-        [batch], behavior = self.learner.prepare([batch], self.cfg.behavior)
+        [batch], behavior = self.learner.prepare([batch], self.cfg.behavior, self.cfg.rollout.router_replay)
         self._record_versions(ticket, batch)
         metrics = {**metrics, **behavior, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth),
                    "perf/wait_and_mu_s_sum": time.perf_counter() - t0}

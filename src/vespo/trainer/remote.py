@@ -53,8 +53,8 @@ class LearnerActor:
         self.learner = make_learner(cfg, policy)
         self.tokenizer = tokenizer
 
-    def prepare(self, batches: list[TrainBatch], behavior: str):
-        return self.learner.prepare(batches, behavior)
+    def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
+        return self.learner.prepare(batches, behavior, replay)
 
     def update(self, batch: TrainBatch) -> tuple[UpdateResult, int]:
         return self.learner.update(batch), self.learner.version
@@ -99,8 +99,8 @@ class RemoteLearner:
 
         return ray.get(ref)
 
-    def prepare(self, batches: list[TrainBatch], behavior: str):
-        return self._get(self.actor.prepare.remote(batches, behavior))
+    def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
+        return self._get(self.actor.prepare.remote(batches, behavior, replay))
 
     def update(self, batch: TrainBatch) -> UpdateResult:
         result, self.version = self._get(self.actor.update.remote(batch))

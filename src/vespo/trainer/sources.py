@@ -127,7 +127,7 @@ class LocalSource:
                                                first_group_id=step * cfg.rollout.prompts_per_step)
         shuffle = torch.Generator().manual_seed(step_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
         minibatches = split_minibatches(batch, self.n, shuffle)
-        self.pending, behavior = self.learner.prepare(minibatches, cfg.behavior)  # all before the first update
+        self.pending, behavior = self.learner.prepare(minibatches, cfg.behavior, cfg.rollout.router_replay)  # all before the first update
         metrics.update(behavior)
         metrics["perf/rollout_and_mu_s"] = time.perf_counter() - t0
         return metrics
