@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from vespo.errors import UserError
+
 
 def opt(default: Any, help: str, **rules: Any) -> Any:
     """A dataclass field with its help text and validation rules (ge, gt, le, lt, choices)."""
@@ -168,7 +170,7 @@ class Config:
         return self.rollout.prompts_per_step // self.staleness.n
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is missing, unknown or out of its allowed range."""
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vespo.config import Config, to_dict
+from vespo.errors import RunDirError
 from vespo.metrics import JsonlSink, MetricSink, TensorBoardSink, WandbSink, read_jsonl
 
 console = Console(stderr=True)
@@ -28,8 +29,8 @@ class RunLog:
         self.dir = Path(cfg.run.out_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         if resume_step is None and self.metrics_path.exists():
-            raise FileExistsError(f"run directory {self.dir} already holds a run; pass --resume to continue it "
-                                  "or choose another run.out_dir")
+            raise RunDirError(f"run directory {self.dir} already holds a run ({self.metrics_path.name}); pass --resume "
+                              "to continue it, or choose another run.out_dir")
         self.dir.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:
             truncate_metrics(self.metrics_path, resume_step)
