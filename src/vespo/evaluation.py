@@ -230,7 +230,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=2, help="reward worker processes (0: in process)")
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="write per-source and per-problem results as jsonl")
     args = p.parse_args(argv)
