@@ -6,12 +6,19 @@
     vespo plot    RUN_DIR...         reward, KL, grad-norm and length curves of runs
     vespo sweep   ...                the stability lab: a grid of runs
     vespo report  SWEEP_DIR          tables and figures of a sweep
+
+A user error (a bad config value, dataset row, import path, run directory...) prints one line
+and exits with status 2; `--debug` anywhere on the command line, or VESPO_DEBUG=1, also prints
+its traceback. Any other failure prints its traceback as usual.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import traceback
+
+from vespo.errors import UserError, debug_requested, one_line
 
 # name -> (module with a `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,12 +34,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: vespo COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`vespo COMMAND --help` shows the options of one command."]
+    lines += ["", "`vespo COMMAND --help` shows the options of one command.",
+              "`--debug` (or VESPO_DEBUG=1) shows the traceback of an error."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
@@ -46,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vespo: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except UserError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"vespo {name}: error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

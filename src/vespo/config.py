@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from vespo.errors import UserError
+
 
 def opt(default: Any, help: str, **rules: Any) -> Any:
     """A dataclass field with its help text and validation rules (ge, gt, le, lt, choices)."""
@@ -201,7 +203,7 @@ class Config:
         return self.run.steps * self.staleness.n
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is missing, unknown or out of its allowed range."""
 
 

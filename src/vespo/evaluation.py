@@ -4,7 +4,7 @@ The core is pure: `evaluate` takes a `generate_fn(problems, n) -> n completions 
 runs without a model; with one, it is a `vespo.rollout.TextGenerator` (the decoding path training
 and warm start use too). `heldout_rewards` is the trainer's held-out check on the same core. `main` is `vespo eval`, which wires it to a saved policy:
 
-    vespo eval --model runs/demo/policy --task addition --n-problems 200 --default-k 8
+    vespo eval --model runs/demo --task addition --n-problems 200 --default-k 8
     vespo eval --model DIR --data math.parquet --k aime24=32 --k amc23=16 --k math500=4 \
                --max-new-tokens 4096 --out results.jsonl
 
@@ -12,6 +12,10 @@ Scoring: a sample is correct when its reward is >= `success_threshold` (1.0). av
 reward over a problem's k samples, averaged over problems. A sample whose reward could not be
 computed (an exception or non-finite value; see `vespo.rewards.scorer`) counts as reward 0 and
 incorrect here, and is counted in the report's `num_errors` column.
+
+`--model` takes a run directory (its `policy/`, else its latest checkpoint), a checkpoint
+directory (`RUN_DIR/checkpoints/step-NNNNNN`, its weights in the run's architecture) or any
+Hugging Face model directory (see `vespo.trainer.checkpoint.load_trained_policy`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vespo.errors import UsageError
 from vespo.rewards import RewardScorer
 from vespo.types import Problem
 
@@ -227,7 +233,8 @@ def write_jsonl(report: EvalReport, path: str | Path) -> Path:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vespo eval", description="avg@k and pass@k of a policy per data source")
-    p.add_argument("--model", required=True, help="a saved Hugging Face policy directory")
+    p.add_argument("--model", required=True, help="a run directory (its policy/, else its latest checkpoint), a "
+                   "checkpoint directory (RUN_DIR/checkpoints/step-NNNNNN) or a Hugging Face model directory")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="a verl-style .parquet/.jsonl file, or plain jsonl with prompt/answer")
     source.add_argument("--task", help="a built-in task name (see vespo.tasks.task_names())")
@@ -245,10 +252,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=2, help="reward worker processes (0: in process)")
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="write per-source and per-problem results as jsonl")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, value, low in (("--n-problems", args.n_problems, 1), ("--default-k", args.default_k, 1),
+                             ("--batch-size", args.batch_size, 1), ("--num-workers", args.num_workers, 0)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    return args
 
 
 def parse_assignments(items: list[str], flag: str, cast: Callable[[str], Any]) -> dict[str, Any]:
@@ -257,11 +269,11 @@ def parse_assignments(items: list[str], flag: str, cast: Callable[[str], Any]) -
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             out[key] = cast(value)
         except ValueError as exc:
-            raise ValueError(f"{flag} {item!r}: {exc}") from exc
+            raise UsageError(f"{flag} {item!r}: {exc}") from exc
     return out
 
 
@@ -280,7 +292,11 @@ def load_eval_problems(args: argparse.Namespace) -> tuple[list[Problem], Any]:
         return load_problems(args.data), None
     from vespo.tasks import get_task
 
-    task = get_task(args.task, **parse_assignments(args.task_arg, "--task-arg", _task_value))
+    options = parse_assignments(args.task_arg, "--task-arg", _task_value)
+    try:
+        task = get_task(args.task, **options)
+    except ValueError as e:  # an unknown task or option, or an option out of range
+        raise UsageError(f"--task {args.task!r}: {e}") from None
     return task.generate(args.n_problems, seed=args.seed), task
 
 
@@ -289,21 +305,22 @@ def build_scorer(args: argparse.Namespace, task: Any) -> RewardScorer:
     name = args.reward or ("task" if task is not None else "math")
     if name == "task":
         if task is None:
-            raise ValueError("--reward task needs --task")
+            raise UsageError("--reward task needs --task; with --data use --reward math or 'package.module:function'")
         return RewardScorer(task.reward, num_workers=0)
     from vespo.rewards import load_reward_fn, math_verify_reward
 
-    fn = math_verify_reward if name == "math" else load_reward_fn(name)
+    fn = math_verify_reward if name == "math" else load_reward_fn(name, field="--reward")
     return RewardScorer(fn, timeout_s=args.timeout_s, num_workers=args.num_workers)
 
 
 def hf_generate_fn(model_dir: str, args: argparse.Namespace, max_new_tokens: int) -> tuple[GenerateFn, Any]:
     """(generate_fn over a saved policy with the HF rollout engine, its tokenizer)."""
-    from vespo.models import load_policy
     from vespo.rollout import HFEngine, SamplingParams, TextGenerator
+    from vespo.trainer.checkpoint import load_trained_policy
 
-    model, tokenizer = load_policy(model_dir, dtype=args.dtype)
-    engine = HFEngine(model.to(args.device), tokenizer, dtype=args.dtype)
+    model, tokenizer, loaded = load_trained_policy(model_dir, dtype=args.dtype)
+    print(f"policy: {loaded}", file=sys.stderr)
+    engine = HFEngine(model, tokenizer, dtype=args.dtype, device=args.device)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new_tokens)
     text = TextGenerator(engine, tokenizer, batch_size=args.batch_size)
     calls = iter(range(0, 10**12, 1_000_003))  # each call its own seeds

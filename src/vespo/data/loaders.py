@@ -5,7 +5,8 @@ verl-style row:  {"data_source": "math500", "prompt": [{"role": "user", "content
 plain row:       {"prompt": "...", "answer": "..."}          (data_source = the file's stem)
 
 Rows are numbered from 1 (the jsonl line number, or the parquet row + 1). Any malformed row
-raises ValueError naming the file, the row and the field.
+raises DataError (a ValueError) naming the file, the row and the field; a missing file raises
+MissingPathError (a FileNotFoundError).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vespo.errors import DataError, MissingPathError
 from vespo.types import Problem
 
 SUFFIXES = (".parquet", ".jsonl")
@@ -23,13 +25,13 @@ def load_problems(path: str | Path) -> list[Problem]:
     """All problems of a .parquet or .jsonl file, in file order."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+        raise MissingPathError(f"dataset file {str(path)!r} does not exist; check the path (task.dataset or --data)")
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
+        raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
     rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
     problems = [_row_to_problem(row, number, path) for number, row in rows]
     if not problems:
-        raise ValueError(f"{path}: the file has no rows")
+        raise DataError(f"{path}: the file has no rows")
     _check_unique_ids(problems, path)
     return problems
 
@@ -43,7 +45,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
             try:
                 rows.append((number, json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: row {number}: not valid JSON ({exc.msg})") from exc
+                raise DataError(f"{path}: row {number}: not valid JSON ({exc.msg})") from exc
     return rows
 
 
@@ -53,56 +55,56 @@ def _read_parquet(path: Path) -> list[tuple[int, Any]]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise ValueError(f"{path}: cannot read as parquet ({exc})") from exc
+        raise DataError(f"{path}: cannot read as parquet ({exc})") from exc
     return list(enumerate(table.to_pylist(), start=1))
 
 
 def _row_to_problem(row: Any, number: int, path: Path) -> Problem:
     where = f"{path}: row {number}"
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     prompt = _check_prompt(row.get("prompt"), where)
     if row.get("reward_model") is not None:
         truth = _verl_ground_truth(row["reward_model"], where)
     elif "answer" in row:
         truth = row["answer"]
     else:
-        raise ValueError(f"{where}: field 'reward_model.ground_truth' (or 'answer') is missing")
+        raise DataError(f"{where}: field 'reward_model.ground_truth' (or 'answer') is missing")
     if truth is None or (isinstance(truth, str) and not truth.strip()):
-        raise ValueError(f"{where}: the ground truth ('reward_model.ground_truth' or 'answer') is empty")
+        raise DataError(f"{where}: the ground truth ('reward_model.ground_truth' or 'answer') is empty")
     extra = row.get("extra_info") or {}
     if not isinstance(extra, dict):
-        raise ValueError(f"{where}: field 'extra_info' must be an object, got {type(extra).__name__}")
+        raise DataError(f"{where}: field 'extra_info' must be an object, got {type(extra).__name__}")
     source = row.get("data_source") or path.stem
     if not isinstance(source, str):
-        raise ValueError(f"{where}: field 'data_source' must be a string, got {type(source).__name__}")
+        raise DataError(f"{where}: field 'data_source' must be a string, got {type(source).__name__}")
     pid = row.get("id", extra.get("index", f"{path.stem}-{number}"))
     return Problem(id=str(pid), prompt=prompt, ground_truth=truth, data_source=source, extra_info=dict(extra))
 
 
 def _verl_ground_truth(reward_model: Any, where: str) -> Any:
     if not isinstance(reward_model, dict):
-        raise ValueError(f"{where}: field 'reward_model' must be an object, got {type(reward_model).__name__}")
+        raise DataError(f"{where}: field 'reward_model' must be an object, got {type(reward_model).__name__}")
     if "ground_truth" not in reward_model:
-        raise ValueError(f"{where}: field 'reward_model.ground_truth' is missing")
+        raise DataError(f"{where}: field 'reward_model.ground_truth' is missing")
     return reward_model["ground_truth"]
 
 
 def _check_prompt(prompt: Any, where: str) -> str | list[dict[str, str]]:
     if prompt is None:
-        raise ValueError(f"{where}: field 'prompt' is missing")
+        raise DataError(f"{where}: field 'prompt' is missing")
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise ValueError(f"{where}: field 'prompt' is empty")
+            raise DataError(f"{where}: field 'prompt' is empty")
         return prompt
     if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"{where}: field 'prompt' must be a string or a non-empty list of messages")
+        raise DataError(f"{where}: field 'prompt' must be a string or a non-empty list of messages")
     for k, message in enumerate(prompt):
         if not isinstance(message, dict):
-            raise ValueError(f"{where}: field 'prompt[{k}]' must be a {{role, content}} object")
+            raise DataError(f"{where}: field 'prompt[{k}]' must be a {{role, content}} object")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise ValueError(f"{where}: field 'prompt[{k}].{key}' must be a string")
+                raise DataError(f"{where}: field 'prompt[{k}].{key}' must be a string")
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
@@ -110,5 +112,5 @@ def _check_unique_ids(problems: list[Problem], path: Path) -> None:
     seen: dict[str, int] = {}
     for number, p in enumerate(problems, start=1):
         if p.id in seen:
-            raise ValueError(f"{path}: row {number}: field 'id' {p.id!r} repeats the id of row {seen[p.id]}")
+            raise DataError(f"{path}: row {number}: field 'id' {p.id!r} repeats the id of row {seen[p.id]}")
         seen[p.id] = number

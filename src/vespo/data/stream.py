@@ -4,6 +4,9 @@
     batch = stream.next_batch(64)        # crosses into the next epoch when one runs out
     state = stream.state_dict()          # {"seed", "epoch", "cursor", "num_problems", "shuffle"}
     PromptStream(problems, seed=0).load_state_dict(state)   # continues with the same batches
+
+The state holds Python ints and a bool only, so a checkpoint loads it with
+``torch.load(weights_only=True)``. A state that does not fit this stream raises ResumeError.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from vespo.errors import ResumeError
 from vespo.types import Problem
 
 
@@ -46,20 +50,21 @@ class PromptStream:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor,
-                "num_problems": len(self.problems), "shuffle": self.shuffle}
+        return {"seed": int(self.seed), "epoch": int(self.epoch), "cursor": int(self.cursor),
+                "num_problems": len(self.problems), "shuffle": bool(self.shuffle)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved cursor; the stream must hold the same problems, seed and shuffle."""
         for key in ("seed", "epoch", "cursor", "num_problems", "shuffle"):
             if key not in state:
-                raise ValueError(f"PromptStream state is missing {key!r}")
+                raise ResumeError(f"PromptStream state is missing {key!r}; the checkpoint is damaged or not vespo's")
         mine = {"seed": self.seed, "num_problems": len(self.problems), "shuffle": self.shuffle}
         for key, value in mine.items():
             if state[key] != value:
-                raise ValueError(f"PromptStream state has {key}={state[key]!r} but this stream has {value!r}")
+                raise ResumeError(f"PromptStream state has {key}={state[key]!r} but this stream has {value!r}; "
+                                  "resume with the data and seed the run started with (RUN_DIR/config.yaml)")
         if not 0 <= state["cursor"] <= len(self.problems) or state["epoch"] < 0:
-            raise ValueError(f"PromptStream state has an invalid position: epoch={state['epoch']!r}, "
+            raise ResumeError(f"PromptStream state has an invalid position: epoch={state['epoch']!r}, "
                              f"cursor={state['cursor']!r} (of {len(self.problems)})")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._epoch_order(self.epoch)

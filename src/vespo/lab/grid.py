@@ -28,11 +28,13 @@ from typing import Any
 
 import yaml
 
+from vespo.errors import UserError
+
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode"}
 SEED_AXIS = "seed"
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A sweep file is malformed; the message names the file and the key."""
 
 

@@ -3,7 +3,7 @@
     from vespo.models import build_char_tokenizer, tiny_model, load_policy, save_policy, response_logprobs
 """
 
-from vespo.models.loading import encode_prompt, load_policy, resolve_dtype, save_policy
+from vespo.models.loading import build_model, encode_prompt, load_policy, resolve_dtype, save_policy
 from vespo.models.logprobs import chunked_logprobs, positions_from_mask, response_hidden_states, response_logprobs
 from vespo.models.moe import is_moe, moe_routers, record_routing, replay_routing
 from vespo.models.tiny import ARCHS, SIZES, tiny_config, tiny_model
@@ -13,6 +13,7 @@ __all__ = [
     "ARCHS",
     "SIZES",
     "build_char_tokenizer",
+    "build_model",
     "char_vocab",
     "chunked_logprobs",
     "encode_prompt",

@@ -1,17 +1,29 @@
-"""Load and save a policy: any local Hugging Face causal-LM directory plus its tokenizer.
+"""Build, load and save a policy: any local Hugging Face causal-LM directory plus its tokenizer.
 
-``load_policy`` refuses a tokenizer without a pad token (it raises rather than guessing, since
-padding with EOS would hide where responses end). ``encode_prompt`` renders chat messages with
-the tokenizer's chat template when it has one.
+``build_model`` gives the policy a run starts from (a local directory, or a tiny model over the
+built-in character tokenizer). ``save_policy`` writes a standard Hugging Face directory
+(``save_pretrained``: config.json, model.safetensors, tokenizer files) that
+``AutoModelForCausalLM`` / ``AutoTokenizer`` and vLLM load without vespo. ``load_policy``
+refuses a tokenizer without a pad token (it raises rather than guessing, since padding with EOS
+would hide where responses end). ``encode_prompt`` renders chat messages with the tokenizer's
+chat template when it has one.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from vespo.errors import MissingPathError, ModelError
+
+if TYPE_CHECKING:
+    from vespo.config import ModelConfig
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                   "float16": torch.float16}
@@ -35,12 +47,13 @@ def load_policy(
     torch_dtype = resolve_dtype(dtype)
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"policy path {str(path)!r} is not a directory")
+        raise MissingPathError(f"policy path {str(path)!r} is not a directory; check the path (model.path or --model)")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"policy path {str(path)!r} has no config.json (not a Hugging Face model dir)")
+        raise MissingPathError(f"policy path {str(path)!r} has no config.json (not a Hugging Face model dir); "
+                               "pass the directory written by save_pretrained")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"tokenizer at {str(path)!r} has no pad token; set tokenizer.pad_token and save it again")
+        raise ModelError(f"tokenizer at {str(path)!r} has no pad token; set tokenizer.pad_token and save it again")
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
@@ -48,12 +61,44 @@ def load_policy(
     return model.eval(), tokenizer
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Write model (safetensors) and tokenizer to ``path``; returns the path."""
+def build_model(model_cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) a run starts from: the local directory ``model_cfg.path``, or a tiny model
+    of ``model_cfg.arch`` / ``size`` over the built-in character tokenizer (weights from ``seed``),
+    in ``model_cfg.dtype``."""
+    from vespo.models.tiny import tiny_model
+    from vespo.models.tokenizer import build_char_tokenizer
+
+    if model_cfg.path:
+        return load_policy(model_cfg.path, dtype=model_cfg.dtype, attn_implementation=model_cfg.attn_implementation)
+    tokenizer = build_char_tokenizer()
+    model = tiny_model(arch=model_cfg.arch, size=model_cfg.size, tokenizer=tokenizer, seed=seed)
+    if model_cfg.attn_implementation:
+        model.set_attn_implementation(model_cfg.attn_implementation)
+    return model.to(resolve_dtype(model_cfg.dtype)), tokenizer
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+                config: dict | None = None) -> Path:
+    """Write model (safetensors) and tokenizer with ``save_pretrained`` to ``path``; returns the path.
+
+    ``config`` (plain data, e.g. the run config) is written beside them as ``run_config.json``.
+    The directory is written as ``PATH.tmp`` and renamed into place, so a crash leaves either the
+    previous policy or the new one (or, between two renames, ``PATH.old``). ``path`` must be
+    empty, absent, or a model directory (with config.json) that is replaced as a whole."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        raise FileExistsError(f"{path} holds files but no config.json; refusing to replace it with a policy")
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if config is not None:
+        (tmp / "run_config.json").write_text(json.dumps(config, indent=2, default=str))
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
     return path
 
 

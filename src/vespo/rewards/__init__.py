@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from vespo.errors import RewardFnError
 from vespo.rewards.scorer import RewardError, RewardFn, RewardScorer, ScoreError, ScoreResult
 
 
@@ -25,22 +26,28 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'vespo.rewards' has no attribute {name!r}")
 
 
-def load_reward_fn(path: str) -> RewardFn:
+def load_reward_fn(path: str, field: str = "reward function") -> RewardFn:
     """The callable named by "package.module:function" (a dotted attribute path after the colon
-    is followed, e.g. "pkg.mod:obj.method"). Errors name the part of the path that failed."""
+    is followed, e.g. "pkg.mod:obj.method"). Errors are RewardFnError naming ``field`` (the config
+    field or option that gave the path, e.g. "task.reward") and the part of the path that failed."""
     module_name, sep, attr_path = path.partition(":")
+    where = f"{field} {path!r}"
     if not sep or not module_name or not attr_path:
-        raise ValueError(f"reward function path must look like 'package.module:function', got {path!r}")
+        raise RewardFnError(f"{where}: a reward function path must look like 'package.module:function'")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise RewardFnError(f"{where}: cannot import module {module_name!r}: {exc}; check the name and that "
+                            "its folder is on PYTHONPATH") from exc
+    except Exception as exc:  # the user's module raised while importing
+        raise RewardFnError(f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc} "
+                            "(--debug shows the traceback)") from exc
     for part in attr_path.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"reward function {path!r}: {module_name!r} has no attribute {attr_path!r}")
+            raise RewardFnError(f"{where}: {module_name!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"reward function {path!r} is a {type(obj).__name__}, not a callable")
+        raise RewardFnError(f"{where} is a {type(obj).__name__}, not a callable")
     return obj
 
 

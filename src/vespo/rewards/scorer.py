@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from vespo.errors import RewardFnError
+
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, Any], float]
@@ -158,8 +160,8 @@ class RewardScorer:
         try:
             return pickle.dumps(fn)
         except Exception as exc:
-            raise ValueError(f"fn {fn!r} cannot be sent to worker processes ({exc}); use a module-level "
-                             "function, or num_workers=0 to score in process") from exc
+            raise RewardFnError(f"reward function {fn!r} cannot be sent to worker processes ({exc}); use a "
+                                "module-level function, or num_workers=0 to score in process") from exc
 
     def _spawn(self) -> _Worker:
         return _Worker(self._ctx, self._fn_bytes)

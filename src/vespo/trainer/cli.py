@@ -5,6 +5,9 @@
     vespo train --config configs/demo.yaml --resume
     vespo train --mode async ...                  rollout and learner as Ray actors
     vespo train --help-config                     every field, its default and its allowed values
+
+A config, dataset or run-directory error prints one line naming the field, file or row and
+exits with status 2 (`vespo --debug train ...` shows the traceback; see vespo.cli).
 """
 
 from __future__ import annotations
@@ -27,18 +30,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = p.parse_args(argv)
 
-    from vespo.config import ConfigError, describe, load_config
+    from vespo.config import describe, load_config
 
     if args.help_config:
         for name, default, help_ in describe():
             print(f"{name:<32} {default!r:<28} {help_}")
         return 0
     overrides = list(args.overrides) + ([f"run.mode={args.mode}"] if args.mode else [])
-    try:
-        cfg = load_config(args.config or default_config_path(), overrides)
-    except ConfigError as e:
-        print(f"vespo train: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config or default_config_path(), overrides)  # a ConfigError is printed by vespo.cli
     from vespo.trainer import train
 
     try:

@@ -228,12 +228,11 @@ class Learner:
         self.load_state_dict(state.pop("learner"))
         return state
 
-    def save_policy(self, out_dir: str | Path, tokenizer) -> Path:
-        """The policy as a Hugging Face directory (model + tokenizer, save_pretrained)."""
-        from vespo.models import save_policy
+    def save_policy(self, run_dir: str | Path, tokenizer, config: dict) -> Path:
+        """RUN_DIR/policy/: the policy as a Hugging Face directory (model + tokenizer, save_pretrained)."""
+        from vespo.trainer.checkpoint import save_run_policy
 
-        save_policy(self.model, tokenizer, out_dir)
-        return Path(out_dir)
+        return save_run_policy(run_dir, self.model, tokenizer, config)
 
     def close(self) -> None:
         pass  # nothing to release in process (RemoteLearner stops its actor)

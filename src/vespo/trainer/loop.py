@@ -31,7 +31,7 @@ from vespo.config import Config, to_dict
 from vespo.evaluation import heldout_rewards
 from vespo.metrics import reduce_metrics
 from vespo.trainer.checkpoint import latest_checkpoint
-from vespo.trainer.runlog import GracefulInterrupt, RunLog, console, progress_bar, write_atomic
+from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
 from vespo.trainer.run import Run, build_run
 from vespo.trainer.sources import SampleSource, TrainItem
 
@@ -42,6 +42,8 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     """Run (or resume) a training run in the mode the config asks for; returns the run summary.
 
     ``on_update(loop)`` is called after every update (tests use it to kill a worker or send Ctrl-C)."""
+    if not resume:
+        check_new_run_dir(cfg)  # before the model is built and warm-started
     with ExitStack() as stack:
         run = stack.enter_context(build_run(cfg, log=console.print))
         if cfg.run.mode == "async":
@@ -108,7 +110,7 @@ class Loop:
             runlog.close()
             raise
         after = self.evaluate()
-        self.learner.save_policy(runlog.dir / "policy", self.run.tokenizer)
+        self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
         summary = self.summary(before, after, status, time.perf_counter() - t_start)
         runlog.write_summary(summary)
         runlog.close()
@@ -152,7 +154,7 @@ class Loop:
         if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.total:
             self.checkpoint()
         if run.save_policy_every and step % run.save_policy_every == 0:
-            self.learner.save_policy(runlog.dir / "policy", self.run.tokenizer)
+            self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
         return row
 
     # ------------------------------------------------------------ evaluation, checkpoints

@@ -74,8 +74,8 @@ class LearnerActor:
         extra = self.learner.load_checkpoint(path)
         return extra, self.learner.version, self.learner.nonfinite_total
 
-    def save_policy(self, out_dir: str) -> str:
-        return str(self.learner.save_policy(out_dir, self.tokenizer))
+    def save_policy(self, run_dir: str, config: dict) -> str:
+        return str(self.learner.save_policy(run_dir, self.tokenizer, config))
 
     def counters(self) -> tuple[int, int]:
         return self.learner.version, self.learner.nonfinite_total
@@ -120,8 +120,8 @@ class RemoteLearner:
         extra, self.version, self.nonfinite_total = self._get(self.actor.load_checkpoint.remote(str(path)))
         return extra
 
-    def save_policy(self, out_dir, tokenizer=None) -> Path:
-        return Path(self._get(self.actor.save_policy.remote(str(out_dir))))
+    def save_policy(self, run_dir, tokenizer, config: dict) -> Path:
+        return Path(self._get(self.actor.save_policy.remote(str(run_dir), config)))
 
     def close(self) -> None:
         import ray

@@ -72,17 +72,10 @@ def build_run(cfg: Config, log=print) -> Run:
 
 def build_policy(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer): a local HF model directory, or a tiny model over the built-in tokenizer."""
-    from vespo.models import build_char_tokenizer, load_policy, tiny_model
+    from vespo.models import build_model
 
-    m = cfg.model
-    if m.path:
-        return load_policy(m.path, dtype=m.dtype, attn_implementation=m.attn_implementation)
-    tok = build_char_tokenizer()
     torch.manual_seed(cfg.run.seed)
-    model = tiny_model(arch=m.arch, size=m.size, tokenizer=tok, seed=cfg.run.seed)
-    if m.attn_implementation:
-        model.set_attn_implementation(m.attn_implementation)
-    return model.to(getattr(torch, m.dtype)), tok
+    return build_model(cfg.model, seed=cfg.run.seed)
 
 
 def build_task(cfg: Config) -> Task | None:
@@ -127,7 +120,7 @@ def build_scorer(cfg: Config, task: Task | None) -> RewardScorer:
     from vespo.rewards import load_reward_fn
 
     if cfg.task.reward:
-        return RewardScorer(load_reward_fn(cfg.task.reward), timeout_s=10.0, num_workers=2)
+        return RewardScorer(load_reward_fn(cfg.task.reward, field="task.reward"), timeout_s=10.0, num_workers=2)
     if task is not None:
         return RewardScorer(task.reward, num_workers=0)  # exact and cheap: in process
     from vespo.rewards import math_verify_reward

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vespo.config import Config, to_dict
+from vespo.errors import RunDirError
 from vespo.metrics import JsonlSink, MetricSink, TensorBoardSink, WandbSink
 
 console = Console(stderr=True)
@@ -29,9 +30,8 @@ class RunLog:
         self.dir = Path(cfg.run.out_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
-        if resume_step is None and self.metrics_path.exists():
-            raise FileExistsError(f"run directory {self.dir} already holds a run; pass --resume to continue it "
-                                  "or choose another run.out_dir")
+        if resume_step is None:
+            check_new_run_dir(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:  # rows written after the checkpoint the run resumes from
             truncate_metrics(self.metrics_path, resume_step)
@@ -65,6 +65,14 @@ class RunLog:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def check_new_run_dir(cfg: Config) -> None:
+    """A new run must not write into a directory that holds another run's metrics."""
+    metrics = Path(cfg.run.out_dir) / "metrics.jsonl"
+    if metrics.exists():
+        raise RunDirError(f"run directory {metrics.parent} already holds a run ({metrics.name}); pass --resume "
+                          "to continue it, or choose another run.out_dir")
 
 
 def truncate_metrics(path: Path, step: int) -> None:

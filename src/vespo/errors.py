@@ -1,0 +1,73 @@
+"""Errors a user can act on: a bad config value, dataset row, import path, run directory or checkpoint.
+
+Each is a ``UserError``. The ``vespo`` command prints its message as one line (naming the field,
+file or row and what to do) and exits with status 2, without a traceback; ``vespo --debug ...``
+or ``VESPO_DEBUG=1`` shows the traceback too. Any other exception is a bug or an environment
+failure and keeps its traceback.
+
+Each subclass also derives from the built-in exception it replaces (ValueError, FileNotFoundError,
+FileExistsError), so code that catches those keeps working.
+
+    UserError
+      ConfigError        a config field is unknown, missing or out of range   (vespo.config)
+      SweepError         a sweep file is malformed                           (vespo.lab.grid)
+      DataError          a dataset file, row or field is malformed
+      MissingPathError   a file or directory the user named does not exist
+      ModelError         a model directory cannot be used as a policy
+      RewardFnError      a reward function import path does not give a usable function
+      UsageError         a command-line option of a vespo command is malformed
+      RunDirError        the run directory already holds another run
+      ResumeError        a run cannot continue from its checkpoint
+      CheckpointError    a checkpoint is incomplete or holds something other than tensors and plain data
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; its message says what is wrong and what to do."""
+
+
+class DataError(UserError, ValueError):
+    """A dataset file, row or field is malformed; the message names the file and the row."""
+
+
+class MissingPathError(UserError, FileNotFoundError):
+    """A file or directory named in a config field or a command-line option does not exist."""
+
+
+class ModelError(UserError, ValueError):
+    """A model directory (or checkpoint) cannot be used as a policy."""
+
+
+class RewardFnError(UserError, ValueError):
+    """A reward import path ('package.module:function') does not give a usable function."""
+
+
+class UsageError(UserError, ValueError):
+    """A command-line option of a vespo command is malformed."""
+
+
+class RunDirError(UserError, FileExistsError):
+    """The run directory already holds a run that this command would overwrite."""
+
+
+class ResumeError(UserError, ValueError):
+    """A run cannot be resumed from its checkpoint (none there, or written for another config)."""
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint is incomplete, unreadable, or holds objects whose loading could run code."""
+
+
+def debug_requested(argv: list[str]) -> bool:
+    """True when ``--debug`` is among the arguments or VESPO_DEBUG is set to a non-empty, non-zero value."""
+    return "--debug" in argv or os.environ.get("VESPO_DEBUG", "").strip() not in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (its lines joined by '; ')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
