@@ -24,7 +24,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
-import torch
 
 from vespo.buffer import lag_stats
 from vespo.config import Config, to_dict
@@ -33,7 +32,8 @@ from vespo.metrics import reduce_metrics
 from vespo.trainer.checkpoint import latest_checkpoint
 from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
 from vespo.trainer.run import Run, build_run
-from vespo.trainer.sources import SampleSource, TrainItem
+from vespo.trainer.remote import build_learner
+from vespo.trainer.sources import SampleSource, TrainItem, build_source
 
 UpdateHook = Callable[["Loop"], None]
 
@@ -47,22 +47,12 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     with ExitStack() as stack:
         run = stack.enter_context(build_run(cfg, log=console.print))
         if cfg.run.mode == "async":
-            from vespo.trainer.ray_source import RaySource, start_ray
+            from vespo.trainer.ray_source import ray_session
 
-            if start_ray(cfg.async_):
-                import ray
-
-                stack.callback(ray.shutdown)
-        from vespo.trainer.remote import build_learner
-
+            stack.enter_context(ray_session(cfg.async_))
         learner = build_learner(run)
-        stack.callback(getattr(learner, "close", lambda: None))
-        if cfg.run.mode == "async":
-            source: SampleSource = RaySource(run, learner)
-        else:
-            from vespo.trainer.sources import LocalSource
-
-            source = LocalSource(run, learner)
+        stack.callback(learner.close)
+        source = build_source(run, learner)
         stack.callback(source.close)
         return Loop(run, learner, source, on_update).fit(resume)
 
@@ -88,23 +78,9 @@ class Loop:
         console.print(f"run directory {runlog.dir}: metrics.jsonl, samples.jsonl"
                       + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
                       + ", tb/, checkpoints/, policy/ at the end")
-        t_start, status = time.perf_counter(), "done"
+        t_start = time.perf_counter()
         try:
-            with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress) as bar:
-                task = bar.add_task(self.cfg.loss.name, total=self.cfg.run.steps, completed=first // self.n, status="")
-                window, t_step = [], time.perf_counter()
-                while self.updates_done < self.total:
-                    item, metrics = self.train_one()
-                    window.append(metrics)
-                    if self.updates_done % self.n == 0:
-                        row = self.end_step(runlog, window, item, time.perf_counter() - t_step)
-                        bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
-                        window, t_step = [], time.perf_counter()
-                        if stop.requested:
-                            if self.checkpointed_at != self.updates_done:
-                                self.checkpoint()
-                            status = "interrupted"
-                            break
+            status = self.train_steps(runlog)
         except BaseException:
             self._checkpoint_safely()
             runlog.close()
@@ -116,6 +92,26 @@ class Loop:
         runlog.close()
         print_summary(summary)
         return summary
+
+    def train_steps(self, runlog: RunLog) -> str:
+        """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
+        with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress) as bar:
+            task = bar.add_task(self.cfg.loss.name, total=self.cfg.run.steps, completed=self.updates_done // self.n,
+                                status="")
+            window, t_step = [], time.perf_counter()
+            while self.updates_done < self.total:
+                item, metrics = self.train_one()
+                window.append(metrics)
+                if self.updates_done % self.n:
+                    continue
+                row = self.end_step(runlog, window, item, time.perf_counter() - t_step)
+                bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
+                window, t_step = [], time.perf_counter()
+                if stop.requested:
+                    if self.checkpointed_at != self.updates_done:
+                        self.checkpoint()
+                    return "interrupted"
+        return "done"
 
     def train_one(self) -> tuple[TrainItem, dict[str, float]]:
         """One mini-batch from the source, one update; that update's metrics."""

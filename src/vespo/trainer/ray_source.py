@@ -24,7 +24,10 @@ learner version and each row's token versions (the staleness bound can be checke
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,17 +59,22 @@ class Ticket:
     worker: int = -1
 
 
-def start_ray(a: AsyncConfig) -> bool:
-    """Join the cluster at ``a.ray_address``, or start a local Ray on loopback; False if Ray was
-    already initialized (then the caller's Ray is left running)."""
+@contextmanager
+def ray_session(a: AsyncConfig) -> Iterator[None]:
+    """Join the cluster at ``a.ray_address``, or start a local Ray on loopback, and shut down what
+    was started here on exit; a Ray the caller already initialized is used and left running."""
     if ray.is_initialized():
-        return False
+        yield
+        return
     if a.ray_address:
         ray.init(address=a.ray_address, log_to_driver=True)
     else:
-        cpus = a.workers + (int(a.learner_num_cpus + 0.999) if a.learner == "actor" else 0)
+        cpus = a.workers + (math.ceil(a.learner_num_cpus) if a.learner == "actor" else 0)
         ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=cpus, log_to_driver=True)
-    return True
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 class RaySource:

@@ -83,6 +83,15 @@ class SampleSource(Protocol):
     def close(self) -> None: ...
 
 
+def build_source(run: Run, learner) -> SampleSource:
+    """The sample source of run.mode: LocalSource (sync) or RaySource (async; Ray must be running)."""
+    if run.cfg.run.mode == "async":
+        from vespo.trainer.ray_source import RaySource
+
+        return RaySource(run, learner)
+    return LocalSource(run, learner)
+
+
 def step_seed(cfg: Config, step: int, stream: int) -> int:
     """A seed per (run seed, rollout step or ticket, purpose) so a resumed run draws the same samples."""
     return (cfg.run.seed * 1_000_003 + step * 7919 + stream) % (2**62)
