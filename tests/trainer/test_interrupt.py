@@ -1,12 +1,10 @@
 """Ctrl-C during `vespo train` finishes the step, writes a checkpoint, and the run resumes from it."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from vespo.config import load_config
 from vespo.metrics import read_jsonl

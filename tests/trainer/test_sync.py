@@ -34,7 +34,8 @@ def test_stale_minibatches_have_lags_0_to_n_minus_1(make_cfg):
             return update(mb)
 
         loop.learner.update = recording_update
-        first, second = rollout_step(loop), rollout_step(loop)
+        first = rollout_step(loop)
+        rollout_step(loop)
         assert seen == [[0], [1], [2], [3]] * 2
         assert first["staleness/lag_max"] == 3.0 and first["staleness/lag_mean"] == 1.5
         assert [first[f"staleness/lag_hist_{j}"] for j in range(4)] == [0.25] * 4
