@@ -26,8 +26,9 @@ same warm start and prompt order):
     within m     interval inside (-m, m): agrees; entirely outside [-m, m]: disagrees; else not resolved
     at_least m   a - b >= m ("matches or beats" with m < 0): interval above m: agrees; below: disagrees
     report       measured and shown, no verdict
-    most/some/none   collapsed runs >= half / >= 1 / = 0 of the selected runs: agrees; none collapsed
-                 (most, some) or any collapsed (none): disagrees; between: partly
+    most         at least half of the selected runs collapsed: agrees; none: disagrees; else partly
+    some         at least one collapsed: agrees; none: not resolved ("can collapse" is not refuted)
+    none         no run collapsed: agrees; any: disagrees
     widest       the named condition's stable lr range (vespo.lab.lr_range) is at least as wide as
                  every other condition's: agrees; another is wider: disagrees
 
@@ -44,7 +45,8 @@ from typing import Any
 
 import yaml
 
-from vespo.lab.lr_range import LrRange, lr_ranges
+from vespo.lab.grid import SEED_AXIS
+from vespo.lab.lr_range import LR_AXIS, LrRange, lr_ranges, lr_text
 from vespo.lab.results import METRICS, RunResult, by_seed, conditions, group, select
 from vespo.lab.stats import Paired, paired_difference
 
@@ -146,6 +148,31 @@ def _expect(value: Any, kind: str, where: str) -> tuple[str, float]:
                       + ", ".join(f"{{{a}: margin}}" if a in ("within", "at_least") else a for a in allowed))
 
 
+def check_claims(claims: Claims, records: dict[str, dict]) -> None:
+    """Check every claim against its sweep's grid (records by sweep name: {"name", "axes"}), before
+    anything has run: the sweep exists, the selections use its axes and values, a comparison fixes
+    every axis but the seed."""
+    if claims.headline is not None and claims.headline not in records:
+        raise ClaimsError(f"{claims.source}: headline sweep {claims.headline!r} is not one of {sorted(records)}")
+    for c in claims.claims:
+        if c.sweep not in records:
+            raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(records)}")
+        record = records[c.sweep]
+        try:
+            for where in ([c.spec["a"], *c.spec["b"]] if c.kind == "compare" else [c.spec]):
+                select(record, [], where)
+            if c.kind == "compare":
+                free = [a["label"] for a in record["axes"] if a["label"] != SEED_AXIS and len(a["values"]) > 1]
+                for side, where in [("a", c.spec["a"]), *(("b", b) for b in c.spec["b"])]:
+                    if set(free) - set(where):
+                        raise ValueError(f"compare.{side} {where} leaves the axis/axes {sorted(set(free) - set(where))} "
+                                         "open; a comparison names one condition")
+            if c.kind == "lr_range" and LR_AXIS not in [a["label"] for a in record["axes"]]:
+                raise ValueError(f"sweep {c.sweep!r} has no {LR_AXIS!r} axis")
+        except ValueError as e:
+            raise ClaimsError(f"{c.where}: {e}") from None
+
+
 # ---------------------------------------------------------------- evaluation
 
 
@@ -206,15 +233,15 @@ def paired_verdict(p: Paired, expect: str, margin: float = math.nan) -> str:
         return NO_VERDICT
     if not d.resolved:
         return UNRESOLVED
+    lo, hi = round(d.low, 12), round(d.high, 12)  # an endpoint on a boundary up to float rounding is on it
     if expect == "greater":
-        return AGREES if d.low > 0 else DISAGREES if d.high < 0 else UNRESOLVED
+        return AGREES if lo > 0 else DISAGREES if hi < 0 else UNRESOLVED
     if expect == "less":
-        return AGREES if d.high < 0 else DISAGREES if d.low > 0 else UNRESOLVED
+        return AGREES if hi < 0 else DISAGREES if lo > 0 else UNRESOLVED
     if expect == "within":
-        return AGREES if -margin < d.low and d.high < margin else \
-            DISAGREES if d.low > margin or d.high < -margin else UNRESOLVED
+        return AGREES if -margin < lo and hi < margin else DISAGREES if lo > margin or hi < -margin else UNRESOLVED
     if expect == "at_least":
-        return AGREES if d.low > margin else DISAGREES if d.high < margin else UNRESOLVED
+        return AGREES if lo > margin else DISAGREES if hi < margin else UNRESOLVED
     raise ValueError(f"unknown expectation {expect!r}")
 
 
@@ -247,11 +274,9 @@ def _collapses(claim: Claim, record: dict, results: list[RunResult]) -> Verdict:
 def collapse_verdict(dead: int, runs: int, expect: str) -> str:
     if expect == "none":
         return AGREES if dead == 0 else DISAGREES
-    if dead == 0:
-        return DISAGREES
-    if expect == "some" or 2 * dead >= runs:
-        return AGREES
-    return PARTLY
+    if expect == "some":  # "can collapse": none in these runs does not show it, nor refute it
+        return AGREES if dead else UNRESOLVED
+    return AGREES if 2 * dead >= runs else DISAGREES if dead == 0 else PARTLY
 
 
 def _lr(claim: Claim, record: dict, results: list[RunResult]) -> Verdict:
@@ -276,4 +301,4 @@ def lr_range_text(r: LrRange) -> str:
     incomplete = " (incomplete)" if any(p.missing for p in r.points) else ""
     if r.low is None:
         return f"{name}: no stable lr{incomplete}"
-    return f"{name}: {r.width:.3g}x ({r.low:.3g}-{r.high:.3g}){incomplete}"
+    return f"{name}: {r.width:.3g}x ({lr_text(r.low)} to {lr_text(r.high)}){incomplete}"

@@ -182,14 +182,15 @@ def lr_figure(record: dict, results: list[RunResult], ranges: list[LrRange], out
         runs = [r for r in results if all(r.labels.get(a) == v for a, v in rng.condition.items())]
         _final_vs_x(ax, runs, lr_axis, [p.label for p in rng.points], [p.lr for p in rng.points], metric, name,
                     color[name])
-        if rng.low is not None:  # one thin bar per condition along the bottom
+        if rng.low is not None:  # one thin bar per condition along the top
             i = names.index(name)
-            ax.axvspan(rng.low, rng.high, ymin=0.02 * i, ymax=0.02 * i + 0.015, color=color[name], alpha=0.7)
+            ax.axvspan(rng.low, rng.high, ymin=0.985 - 0.025 * i, ymax=0.995 - 0.025 * i, color=color[name], alpha=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate (the bar at the bottom: the widest range with no collapsed run)")
+    ax.set_xlabel("learning rate (bars along the top: each loss's widest range with no collapsed run)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_ylim(bottom=-0.03, top=max(ax.get_ylim()[1], 0.1) * 1.15)  # room for the bars
+    ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{record['name']}: final reward against the learning rate (seed mean, 90% band; x = collapsed run)",
                  fontsize=10)
     fig.savefig(out, dpi=100)

@@ -100,5 +100,11 @@ def widest_stable(points: list[LrPoint]) -> tuple[float | None, float | None, Lr
     return span[0].lr, span[-1].lr, best_of(span)
 
 
+def lr_text(lr: float) -> str:
+    """5e-05 -> "5e-5", 0.00025 -> "2.5e-4"."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def _score(x: float) -> float:
     return x if math.isfinite(x) else -math.inf

@@ -39,7 +39,7 @@ RULES_NOTE = (
     "whose 90% interval lies above 0 agrees with a claim that it is positive, below 0 disagrees, containing 0 "
     "is not resolved; \"within m\" agrees when the interval lies inside (-m, m); \"at least m\" (matches or "
     "beats, m < 0) agrees when the interval lies above m; collapse claims count collapsed runs (most: at "
-    "least half; some: at least one; none: zero); the lr-range claim compares the widest learning-rate "
+    "least half; some: at least one, and none collapsing leaves \"can collapse\" not resolved; none: zero); the lr-range claim compares the widest learning-rate "
     "interval with no collapsed run. A claim made of several comparisons agrees only if all of them do.")
 
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from vespo.lab.figures import curve_figure, headline_figure, lr_figure
-from vespo.lab.lr_range import LR_AXIS, lr_ranges
+from vespo.lab.lr_range import LR_AXIS, lr_ranges, lr_text
 from vespo.lab.results import RunResult, by_seed, conditions, group, order, read_sweep
 from vespo.lab.stats import Interval, mean_ci, paired_difference
 
@@ -103,9 +103,9 @@ def lr_table(record: dict, results: list[RunResult]) -> str:
     head = names + ["stable lr range", "width", "best held-out sampled in it", "per lr: collapsed/runs"]
     lines = [_row(head), _row(["---"] * len(head))]
     for r in ranges:
-        span = "none" if r.low is None else f"{r.low:.3g} – {r.high:.3g}"
-        best = "–" if r.best is None else f"{ci_text(r.best.reward)} at {r.best.lr:.3g}"
-        per_lr = ", ".join(f"{p.lr:.3g}: {p.collapsed}/{p.runs}" + (f" (+{p.missing})" if p.missing else "")
+        span = "none" if r.low is None else f"{lr_text(r.low)} to {lr_text(r.high)}"
+        best = "–" if r.best is None else f"{ci_text(r.best.reward)} at {lr_text(r.best.lr)}"
+        per_lr = ", ".join(f"{lr_text(p.lr)}: {p.collapsed}/{p.runs}" + (f" (+{p.missing})" if p.missing else "")
                            for p in r.points)
         lines.append(_row(list(r.condition.values()) + [span, "–" if r.low is None else f"{r.width:.3g}x", best,
                                                          per_lr]))
