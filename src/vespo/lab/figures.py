@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from vespo.lab.lr_range import LrRange
+from vespo.lab.lr_range import LrRange, lr_text
 from vespo.lab.results import RunResult, by_seed, group, order, planned_updates, update_axis
 from vespo.lab.stats import mean_ci
 
@@ -186,6 +186,9 @@ def lr_figure(record: dict, results: list[RunResult], ranges: list[LrRange], out
             i = names.index(name)
             ax.axvspan(rng.low, rng.high, ymin=0.985 - 0.025 * i, ymax=0.995 - 0.025 * i, color=color[name], alpha=0.8)
     ax.set_xscale("log")
+    lrs = sorted({p.lr for rng in ranges for p in rng.points})
+    ax.set_xticks(lrs, [lr_text(x) for x in lrs])
+    ax.minorticks_off()
     ax.set_xlabel("learning rate (bars along the top: each loss's widest range with no collapsed run)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
