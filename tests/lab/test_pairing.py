@@ -38,7 +38,7 @@ def configs(tmp_path_factory):
 
 def test_one_seed_has_one_warm_start_across_every_dense_experiment(configs):
     paths = {}
-    for stem, cfgs in configs.items():
+    for cfgs in configs.values():
         for cfg in cfgs:
             paths.setdefault(cfg.run.seed, set()).add(warmstart_cache_path(cfg))
     assert sorted(paths) == [0, 1, 2, 3, 4]
@@ -66,5 +66,5 @@ def test_one_seed_draws_the_same_prompt_order_in_every_condition(configs):
         _, train_c, held_c = build_data(cfg)
         assert [p.id for p in held_c] == [p.id for p in held_out]  # the same held-out problems
         assert _drawn(cfg, train_c) == reference, (cfg.staleness.n, cfg.loss.name, cfg.run.mode)
-    other = [c for c in configs["staleness"] if c.run.seed == 1][0]
+    other = next(c for c in configs["staleness"] if c.run.seed == 1)
     assert _drawn(other, build_data(other)[1]) != reference

@@ -53,7 +53,7 @@ def test_one_seed_starts_every_condition_from_the_same_weights(quick_sweep):
 
 
 def test_the_session_is_recorded(quick_sweep):
-    out, argv = quick_sweep
+    out, _ = quick_sweep
     (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert s["command"].startswith("vespo sweep ") and s["command"].endswith(" ".join(SMALL))
     assert s["seconds"] > 0 and s["start"] < s["end"] and s["runs"] == 4 and s["failed"] == 0

@@ -78,7 +78,7 @@ class Sweep:
     reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
     cost: Cost | None = None
 
-    def points(self) -> list["GridPoint"]:
+    def points(self) -> list[GridPoint]:
         """Every grid point, in row-major order of the axes."""
         out = []
         for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):

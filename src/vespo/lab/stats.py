@@ -17,8 +17,8 @@ seed-to-seed spread (the dominant noise) cancels in a - b.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -258,7 +258,8 @@ def source_commit() -> dict:
 
 def _git(where: Path, *args: str) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
