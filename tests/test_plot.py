@@ -30,6 +30,17 @@ def test_curve_reads_the_metric_and_skips_rows_without_it(tmp_path):
     assert run.summary == {}
 
 
+def test_the_x_axis_is_optimizer_steps_from_the_runs_config(tmp_path):
+    run_dir = _run_dir(tmp_path / "a", [0.1, 0.2, 0.3])
+    (run_dir / "config.yaml").write_text("staleness: {n: 16}\n")
+    run = load_run(run_dir)
+    assert run.updates_per_step == 16
+    # row k is trained after (k - 1) x 16 updates
+    assert run.curve("reward/mean", x="updates") == ([0, 16, 32], [0.1, 0.2, 0.3])
+    assert run.curve("reward/mean") == ([1, 2, 3], [0.1, 0.2, 0.3])
+    assert main([str(run_dir), "--out", str(tmp_path / "x.png"), "--x", "step"]) == 0
+
+
 def test_a_directory_without_metrics_is_named(tmp_path, capsys):
     assert main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
     assert f"{tmp_path} is not a run directory: no metrics.jsonl" in capsys.readouterr().err

@@ -21,13 +21,25 @@ def test_reward_falls_below_half_its_best_and_stays():
 def test_a_dip_that_recovers_is_not_a_collapse():
     rewards = [0.4, 0.5, 0.2, 0.1, 0.0, 0.3, 0.1, 0.1]  # recovers at step 6 (0.3 >= 0.25), falls again at 7
     # the last fall (steps 7, 8) lasts only 2 steps < patience 3
-    assert detect_collapse(rewards) == Collapse(False)
+    assert detect_collapse(rewards, rule=CollapseRule(patience=3)) == Collapse(False)
     assert detect_collapse(rewards, rule=CollapseRule(patience=2)) == Collapse(True, "reward", 7)
 
 
 def test_the_fall_must_last_until_the_end_for_patience_steps():
-    assert not detect_collapse([0.5, 0.5, 0.1, 0.1]).collapsed  # 2 steps below
-    assert detect_collapse([0.5, 0.5, 0.1, 0.1, 0.1]) == Collapse(True, "reward", 3)
+    rule = CollapseRule(patience=3)
+    assert not detect_collapse([0.5, 0.5, 0.1, 0.1], rule=rule).collapsed  # 2 steps below
+    assert detect_collapse([0.5, 0.5, 0.1, 0.1, 0.1], rule=rule) == Collapse(True, "reward", 3)
+
+
+def test_patience_is_a_share_of_the_run_so_it_means_the_same_at_every_n():
+    # 512 updates: 512 rows at N = 1, 8 rows at N = 64. The default asks for the last 10% of the rows
+    # (ceil(0.1 x 512) = 52 rows = 52 updates at N = 1; ceil(0.1 x 8) = 1 row = 64 updates at N = 64).
+    rule = CollapseRule()
+    assert rule.steps_needed(512) == 52 and rule.steps_needed(8) == 1 and rule.steps_needed(40) == 4
+    healthy = [0.5] * 460
+    assert not detect_collapse(healthy + [0.1] * 51).collapsed  # 51 < 52 rows
+    assert detect_collapse(healthy + [0.1] * 52) == Collapse(True, "reward", 461)
+    assert detect_collapse([0.5] * 7 + [0.1]) == Collapse(True, "reward", 8)  # N = 64: its last rollout fell
 
 
 def test_fraction_is_relative_to_the_best_so_far():
@@ -73,10 +85,12 @@ def test_bad_rule_values_are_rejected():
         CollapseRule(fraction=1.5)
     with pytest.raises(ValueError, match="patience"):
         CollapseRule(patience=0)
+    with pytest.raises(ValueError, match="patience_share"):
+        CollapseRule(patience_share=1.5)
 
 
 def test_rows_of_a_metrics_file():
-    rows = [{"step": i + 1, "reward/mean": r, "optim/skipped": 0.0, "rollout/eos_rate": 0.9}
+    rows = [{"step": i + 1, "reward/mean": r, "optim/n_skipped": 0.0, "rollout/eos_rate": 0.9}
             for i, r in enumerate([0.4, 0.5, 0.2, 0.1, 0.0])]
     assert collapse_of_rows(rows) == Collapse(True, "reward", 3)
     with pytest.raises(ValueError, match="row 1 .step 2. has no 'reward/mean'"):

@@ -1,69 +1,117 @@
-"""`vespo report` on hand-made sweep directories: aggregation over seeds, collapse counts, layout."""
+"""`vespo report` on hand-made sweep directories: what "final" means at every N, the intervals over
+seeds, the paired differences against the reference, collapse counts, and the files written."""
 
-import json
 import math
-import statistics
 
 import pytest
 
 from vespo.lab import report
+from vespo.lab.results import by_seed, last_share_mean, read_sweep
+from vespo.lab.stats import mean_ci, paired_difference
+
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _sweep(tmp_path, runs):
-    """runs: {(loss, N, seed): rewards}; writes sweep.json and one run directory per entry."""
-    out = tmp_path / "sw"
-    out.mkdir()
-    axes = [{"label": "loss", "values": ["grpo", "vespo"]}, {"label": "N", "values": ["1", "8"]},
-            {"label": "seed", "values": ["0", "1", "2"]}]
-    (out / "sweep.json").write_text(json.dumps({"name": "t", "axes": axes}))
-    for (loss, n, seed), rewards in runs.items():
-        d = out / f"loss={loss},N={n},seed={seed}"
-        d.mkdir()
-        (d / "lab.json").write_text(json.dumps({"labels": {"loss": loss, "N": n, "seed": seed}, "returncode": 0}))
-        rows = [{"step": i + 1, "reward/mean": r, "kl/k3": 0.1 * (i + 1), "mismatch/k3": 0.0,
-                 "optim/grad_norm_max": 2.0 * (i + 1), "is/ess": 0.5, "is/log_w_min": -1.0 - i,
-                 "is/log_w_max": 0.5, "rollout/eos_rate": 1.0, "optim/skipped": 0.0} for i, r in enumerate(rewards)]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (d / "summary.json").write_text(json.dumps({"status": "done"}))
-    return out
+def test_train_last_is_the_last_quarter_of_the_updates_at_every_n(synthetic):
+    sw = synthetic("t", {"N": ["1", "4"], "seed": ["0"]})
+    # 16 updates. N = 1: 16 rows, the last quarter = rows trained after >= 12 updates = rows 13..16.
+    sw.run({"N": "1", "seed": "0"}, [float(i) for i in range(16)], n=1, eval_sampled=0.5)
+    # N = 4: 4 rows trained after 0, 4, 8, 12 updates; the last quarter = row 4 alone (same 4 x 64 samples).
+    sw.run({"N": "4", "seed": "0"}, [0.1, 0.2, 0.3, 0.7], n=4, eval_sampled=0.5)
+    _, results = read_sweep(sw.dir)
+    n1, n4 = results
+    assert n1.stats["train_last"] == (12 + 13 + 14 + 15) / 4
+    assert n4.stats["train_last"] == 0.7
+    assert last_share_mean(n4.run, "reward/mean", share=0.5) == pytest.approx((0.3 + 0.7) / 2)
+    assert n1.stats["eval_sampled"] == n4.stats["eval_sampled"] == 0.5
 
 
-def test_final_mean_is_over_the_last_fifth_of_the_steps():
-    rows = [{"reward/mean": float(i)} for i in range(10)]  # last 20% of 10 steps = steps 9, 10 -> (8 + 9) / 2
-    assert report.final_mean(rows, "reward/mean") == 8.5
-    assert report.final_mean(rows[:3], "reward/mean") == 2.0  # fewer than 5 steps: the last one
-    assert math.isnan(report.final_mean(rows, "kl/k3"))
+def test_an_unfinished_run_has_no_last_quarter_yet(synthetic):
+    sw = synthetic("t", {"seed": ["0"]})
+    sw.run({"seed": "0"}, [0.1, 0.2], n=1, steps=16, status="running")
+    _, (r,) = read_sweep(sw.dir)
+    assert r.status == "unfinished" and not r.usable and math.isnan(r.stats["train_last"])
 
 
-def test_condition_rows_aggregate_over_seeds(tmp_path):
-    healthy = {("vespo", "8", s): [0.2, 0.3, 0.4, 0.5, 0.4 + 0.1 * int(s)] for s in ("0", "1", "2")}
-    collapsed = {("grpo", "8", "0"): [0.4, 0.5, 0.1, 0.0, 0.0], ("grpo", "8", "1"): [0.3, 0.3, 0.3, 0.3, 0.3]}
-    out = _sweep(tmp_path, {**healthy, **collapsed})
-    record, results = report.read_sweep(out)
+def _staleness(synthetic):
+    """loss x N x 3 seeds; vespo = grpo + 0.05 on every seed; grpo seed 2 at N = 8 collapses."""
+    sw = synthetic("st", {"loss": ["vespo", "grpo"], "N": ["1", "8"], "seed": ["0", "1", "2"]},
+                   reference={"loss": "vespo"})
+    evals = {}
+    for seed, base in (("0", 0.40), ("1", 0.30), ("2", 0.50)):
+        for n in ("1", "8"):
+            g = base - (0.1 if n == "8" else 0.0)
+            evals[("grpo", n, seed)], evals[("vespo", n, seed)] = g, g + 0.05
+            rewards = [0.4, 0.5, 0.6, 0.6] if not (n == "8" and seed == "2") else [0.4, 0.5, 0.1, 0.0]
+            sw.run({"loss": "grpo", "N": n, "seed": seed}, rewards, n=int(n), eval_sampled=g, eval_greedy=g + 0.3)
+            sw.run({"loss": "vespo", "N": n, "seed": seed}, [0.4, 0.5, 0.6, 0.7], n=int(n), eval_sampled=g + 0.05,
+                   eval_greedy=g + 0.3)
+    return sw, evals
+
+
+def test_condition_rows_give_the_mean_over_seeds_with_its_bootstrap_interval(synthetic):
+    sw, evals = _staleness(synthetic)
+    record, results = read_sweep(sw.dir)
     table = report.condition_table(record, results).splitlines()
-    assert table[0].startswith("| loss | N | runs | final reward | best reward | collapsed |")
-    grpo, vespo = table[2].split(" | "), table[3].split(" | ")
-    # vespo: finals (last 1 of 5 steps) 0.4, 0.5, 0.6 -> mean 0.5, sample std 0.1; best 0.5, 0.5, 0.6 -> 0.533
-    finals = [0.4, 0.5, 0.6]
-    assert vespo[:3] == ["| vespo", "8", "3"]
-    assert vespo[3] == f"{statistics.mean(finals):.3f} ± {statistics.stdev(finals):.3f}" == "0.500 ± 0.100"
-    assert vespo[4] == "0.533" and vespo[5] == "0/3"
-    # grpo: seed 0 falls below half its best (0.25) from step 3 and stays: one collapse out of two runs
-    assert grpo[:3] == ["| grpo", "8", "2"] and grpo[5] == "1/2 (reward)"
-    assert grpo[3] == "0.150 ± 0.212"  # finals 0.0 and 0.3: std = 0.3 / sqrt(2)
-    # final KL = kl/k3 at step 5 = 0.5; max grad norm = 2 x 5; log W range over all rows [-5, 0.5]
-    assert grpo[6] == "0.500" and grpo[8] == "10.000" and grpo[10] == "[-5.00, 0.50] |"
-    runs = report.run_table(record, results)
-    assert "`loss=grpo,N=8,seed=0` | done | 5 | 0.000 | 0.500 | reward at step 3" in runs
+    assert table[0].startswith("| loss | N | runs | held-out sampled | held-out greedy | train (last quarter) | "
+                               "collapsed |")
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in table[2:]}
+    vespo8 = rows[("| vespo", "8")]
+    ci = mean_ci([evals[("vespo", "8", s)] for s in "012"])
+    assert vespo8[2] == "3" and vespo8[3] == report.ci_text(ci) == f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+    assert vespo8[6] == "0/3"
+    grpo8 = rows[("| grpo", "8")]
+    assert grpo8[6] == "1/3 (reward)"  # seed 2 fell below half its best (0.25) for its last 2 of 4 rows
+    # train = the last quarter of 4 rows at N = 8 = row 4: 0.6, 0.6, 0.0
+    assert grpo8[5] == report.ci_text(mean_ci([0.6, 0.6, 0.0]))
+    # max grad norm = 2 x 4 rows; log W range over all rows [-4, 0.5]
+    assert grpo8[7] == "8.000" and grpo8[9] == "[-4.00, 0.50]"
 
 
-def test_report_main_writes_markdown_and_figures(tmp_path):
-    out = _sweep(tmp_path, {(l, n, "0"): [0.1, 0.2, 0.3] for l in ("grpo", "vespo") for n in ("1", "8")})
-    assert report.main([str(out), "--out", str(tmp_path / "rep")]) == 0
-    md = (tmp_path / "rep" / "report.md").read_text()
-    assert "![reward](reward.png)" in md and "| vespo | 8 | 1 | 0.300 |" in md
-    assert sorted(p.name for p in (tmp_path / "rep").glob("*.png")) == [
-        "grad_norm.png", "kl.png", "reward.png", "reward_equal_curve.png"]
+def test_paired_differences_against_vespo_seed_by_seed(synthetic):
+    sw, evals = _staleness(synthetic)
+    record, results = read_sweep(sw.dir)
+    table = report.paired_table(record, results).splitlines()
+    assert table[0] == ("| N | loss | Δ held-out sampled | Δ held-out greedy | Δ train (last quarter) | seeds | "
+                        "higher in |")
+    assert len(table) == 4  # grpo at N = 1 and N = 8
+    grpo8 = table[3].split(" | ")
+    p = paired_difference({s: evals[("grpo", "8", s)] for s in "012"}, {s: evals[("vespo", "8", s)] for s in "012"})
+    assert p.diff.mean == pytest.approx(-0.05)
+    assert grpo8[:2] == ["| 8", "grpo"] and grpo8[2] == report.ci_text(p.diff, signed=True)
+    assert grpo8[2].startswith("-0.050 [-0.050, -0.050]")  # the same difference on every seed
+    assert grpo8[5:] == ["3", "0/3 |"]
+
+
+def test_a_run_stopped_for_nonfinite_updates_counts_as_reward_zero(synthetic):
+    sw = synthetic("t", {"loss": ["vespo"], "seed": ["0", "1"]})
+    sw.run({"loss": "vespo", "seed": "0"}, [0.4, 0.5], eval_sampled=0.6)
+    sw.run({"loss": "vespo", "seed": "1"}, [0.4, 0.5], returncode=1, stopped_nonfinite=True, status="failed")
+    _, results = read_sweep(sw.dir)
+    assert by_seed(results, "eval_sampled") == {"0": 0.6, "1": 0.0}
+    assert results[1].collapse.reason == "nonfinite"
+
+
+def test_a_run_that_failed_otherwise_is_left_out_and_counted(synthetic):
+    sw = synthetic("t", {"loss": ["vespo"], "seed": ["0", "1"]})
+    sw.run({"loss": "vespo", "seed": "0"}, [0.4, 0.5], eval_sampled=0.6)
+    sw.run({"loss": "vespo", "seed": "1"}, [0.4], returncode=1, status="failed")
+    record, results = read_sweep(sw.dir)
+    assert by_seed(results, "eval_sampled") == {"0": 0.6}
+    row = report.condition_table(record, results).splitlines()[2].split(" | ")
+    assert row[1] == "1 (+1 not finished)" and row[2] == "0.600"
+
+
+def test_report_main_writes_markdown_and_figures(synthetic, tmp_path):
+    sw, _ = _staleness(synthetic)
+    out = tmp_path / "rep"
+    assert report.main([str(sw.dir), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "![headline](headline.png)" in md and "Paired differences against loss = vespo" in md
+    assert sorted(p.name for p in out.glob("*.png")) == ["grad_norm.png", "headline.png", "kl.png", "reward.png"]
+    for png in out.glob("*.png"):
+        data = png.read_bytes()
+        assert data[:8] == PNG and len(data) > 5000
 
 
 def test_layout_defaults_and_bad_axes():
@@ -78,3 +126,8 @@ def test_layout_defaults_and_bad_axes():
 def test_not_a_sweep_directory_is_named(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "no sweep.json" in capsys.readouterr().err
+
+
+def test_several_sweeps_need_a_page(tmp_path):
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "a"), str(tmp_path / "b")])

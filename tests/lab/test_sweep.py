@@ -1,8 +1,9 @@
-"""A miniature sweep (2 losses x 2 N x 1 seed, nano model, 2 steps) end to end: `vespo sweep`
-runs real `vespo train` processes, a second call skips them, `vespo report` writes the table and
-the figures from them."""
+"""A miniature sweep on the paper's protocol (grpo, vespo x N in {1, 4} x 1 seed, nano model, 4
+optimizer steps per run) end to end: `vespo sweep` runs real `vespo train` processes and records
+its session, a second call skips them, `vespo report` writes the report and the results page."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from vespo.lab import report, sweep
 from vespo.lab.grid import SweepError, load_sweep
 
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "lab" / "quick.yaml"
-SMALL = ["run.steps=2", "task.eval_size=8", "warmstart.steps=10"]
+SMALL = ["task.eval_size=8", "warmstart.steps=10"]
+NAMES = ["loss=grpo,N=1,seed=0", "loss=grpo,N=4,seed=0", "loss=vespo,N=1,seed=0", "loss=vespo,N=4,seed=0"]
 
 
 @pytest.fixture(scope="module")
@@ -24,50 +26,72 @@ def quick_sweep(tmp_path_factory):
     return out, argv
 
 
-def test_every_grid_point_is_a_finished_run_directory(quick_sweep):
+def test_every_grid_point_is_a_finished_run_on_the_papers_protocol(quick_sweep):
     out, _ = quick_sweep
-    names = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert names == ["loss=grpo,N=1,seed=0", "loss=grpo,N=4,seed=0", "loss=vespo,N=1,seed=0", "loss=vespo,N=4,seed=0"]
-    for name in names:
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == NAMES
+    for name in NAMES:
         run = out / name
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["status"] == "done" and summary["steps_done"] == 2
         cfg = yaml.safe_load((run / "config.yaml").read_text())
-        assert cfg["loss"]["name"] == name.split(",")[0].split("=")[1]
-        assert cfg["staleness"]["n"] == int(name.split(",")[1].split("=")[1])
-        assert cfg["run"]["threads"] == 1
+        n = int(name.split(",")[1].split("=")[1])
+        assert summary["status"] == "done" and cfg["staleness"]["n"] == n and cfg["run"]["threads"] == 1
+        # a fixed mini-batch of 2 prompts; the rollout batch is N x that; 4 optimizer steps at every N
+        assert cfg["rollout"]["prompts_per_step"] == 2 * n and summary["steps_done"] == 4 // n
+        assert summary["policy_version"] == 4
         assert json.loads((run / "lab.json").read_text())["returncode"] == 0
-    n4 = [json.loads(line) for line in (out / "loss=vespo,N=4,seed=0" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["staleness/lag_max"] for r in n4] == [3.0, 3.0]  # mini-batches 0..3 of each rollout batch
+    rows = [json.loads(line) for line in (out / "loss=vespo,N=4,seed=0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness/lag_max"] for r in rows] == [3.0]  # mini-batches 0..3 of the one rollout batch
+
+
+def test_one_seed_starts_every_condition_from_the_same_weights(quick_sweep):
+    out, _ = quick_sweep
+    before = [json.loads((out / name / "eval_before.json").read_text()) for name in NAMES]
+    assert all(b == before[0] for b in before) and before[0]
+    logs = [(out / name / "train.log").read_text() for name in NAMES]
+    assert sum("supervised steps" in log for log in logs) == 1  # one warm start, the others load it
+    assert sum("loaded cached weights" in log for log in logs) == 3
+
+
+def test_the_session_is_recorded(quick_sweep):
+    out, _ = quick_sweep
+    (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert s["command"].startswith("vespo sweep ") and s["command"].endswith(" ".join(SMALL))
+    assert s["seconds"] > 0 and s["start"] < s["end"] and s["runs"] == 4 and s["failed"] == 0
+    assert s["interrupted"] is False and s["machine"]["cpus"] >= 1
+    assert s["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", s["commit"])
 
 
 def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     out, argv = quick_sweep
     spec = load_sweep(QUICK)
     spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
-    jobs = sweep.plan(spec, out)
-    assert {j.action for j in jobs} == {"skip"}
+    assert {j.action for j in sweep.plan(spec, out)} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
     assert sweep.main(argv) == 0
     assert "4 skip" in capsys.readouterr().out
     assert (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text() == before
 
 
-def test_report_writes_the_table_and_the_figures(quick_sweep, tmp_path):
+def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     out, _ = quick_sweep
-    assert report.main([str(out), "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "report.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| grpo") or line.startswith("| vespo")]
-    assert [r.split(" | ")[:3] for r in rows] == [["| grpo", "1", "1"], ["| grpo", "4", "1"],
-                                                  ["| vespo", "1", "1"], ["| vespo", "4", "1"]]
-    # the final reward cell of each condition is the mean over the last 20% of steps (here: the last of 2)
-    for row in rows:
-        loss, n = row.split(" | ")[0][2:], row.split(" | ")[1]
-        metrics = (out / f"loss={loss},N={n},seed=0" / "metrics.jsonl").read_text().splitlines()
-        assert row.split(" | ")[3] == f"{json.loads(metrics[-1])['reward/mean']:.3f}"
-    for png in ("reward.png", "kl.png", "grad_norm.png", "reward_equal_curve.png"):
-        data = (tmp_path / png).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert report.main([str(out), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| grpo | 1 | 1 |" in md and "Paired differences against loss = vespo" in md
+    assert (tmp_path / "rep" / "headline.png").read_bytes()[:4] == b"\x89PNG"
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"claims": [
+        {"paper": "VESPO above GRPO at N = 4", "sweep": "quick", "expect": "report",
+         "compare": {"a": {"loss": "vespo", "N": "4"}, "b": {"loss": "grpo", "N": "4"}}}]}))
+    page = tmp_path / "docs" / "results.md"
+    assert report.main([str(out), "--claims", str(claims), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "| 1 | VESPO above GRPO at N = 4 | quick | eval_sampled difference vs loss=grpo: " in text
+    assert "(one seed: no interval)" in text and "Single runs are not results" in text
+    assert "vespo sweep " in text and "4 / 4" in text
+    links = [x for x in re.findall(r"\]\(([^)]+\.(?:png|md))\)", text) if x != "lab.md"]  # lab.md: docs/ only
+    assert "results/quick/headline.png" in links
+    for link in links:  # every figure and report link resolves
+        assert (page.parent / link).is_file(), link
 
 
 def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
@@ -80,13 +104,20 @@ def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
         sweep.plan(load_sweep(other), out)
 
 
-def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "dry"
     assert sweep.main([str(QUICK), "--out", str(out), "--dry-run", "--only", "N=4"]) == 0
     printed = capsys.readouterr().out
     assert "2 runs (2 start)" in printed
-    assert printed.count("-m vespo.cli train") == 2 and "staleness.n=4" in printed and "run.threads=1" in printed
-    assert not [p for p in out.iterdir() if p.is_dir()]
+    assert "expected wall time for the 2 pending runs: 0 min (the sweep file assumes 8 s per run with 2" in printed
+    header = next(line for line in printed.splitlines() if line.strip().startswith("action"))
+    assert header.split() == ["action", "run", "N", "mini-batch", "rollout", "batch", "rollout", "steps", "optimizer",
+                              "steps", "samples"]
+    row = next(line for line in printed.splitlines() if "loss=vespo,N=4,seed=0" in line and "start" in line)
+    # N = 4: mini-batch 2 prompts x 4 responses, rollout batch 4 x 2 = 8 prompts, 1 rollout step of 4 updates
+    assert row.split()[2:] == ["4", "2", "prompts", "x", "4", "=", "8", "8", "prompts", "=", "32", "1", "4", "32"]
+    assert printed.count("-m vespo.cli train") == 2 and "run.threads=1" in printed
+    assert not [p for p in out.iterdir() if p.is_dir()] and not (out / "sessions.jsonl").exists()
 
 
 def test_only_rejects_values_outside_the_grid(tmp_path, capsys):
@@ -97,7 +128,7 @@ def test_only_rejects_values_outside_the_grid(tmp_path, capsys):
 def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     spec = yaml.safe_load(QUICK.read_text())
     spec["grid"] = {"run.seed": [0]}
-    spec["overrides"] = ["model.path=/nonexistent/model"]  # the process fails while loading the policy
+    spec["overrides"] = ["staleness.n=1", "model.path=/nonexistent/model"]  # fails while loading the policy
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "bad"
@@ -106,3 +137,5 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     assert lab["status"] == "failed" and lab["returncode"] != 0
     assert [j.action for j in sweep.plan(load_sweep(path), out)] == ["failed"]
     assert [j.action for j in sweep.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
+    (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert s["failed"] == 1

@@ -5,6 +5,8 @@ A sweep file (YAML):
     name: staleness
     base: ../demo.yaml             # a config file (relative to this file) or an inline mapping
     overrides: [task.name=reverse]  # applied to every run
+    reference: {loss: vespo}        # the condition every other is paired against, per seed (optional)
+    cost: {run_s: 65, jobs: 2, note: "why"}   # wall seconds of one run when `jobs` share the machine
     grid:                           # the runs are the Cartesian product of the axes, in this order
       loss.name: [grpo, gspo, sapo, vespo]       # a config field and its values
       staleness.n: [1, 8, 32]
@@ -15,7 +17,13 @@ A sweep file (YAML):
 
 Each grid point gets labels (axis label -> value) and a directory name built from them, e.g.
 ``loss=vespo,N=32,seed=0``. Axis labels: ``loss.name`` -> loss, ``staleness.n`` -> N,
-``run.seed`` -> seed, any other field -> its dotted name, a named axis -> its own name.
+``run.seed`` -> seed, ``optim.lr`` -> lr, ``model.arch`` -> model, ``loss.options.length_norm`` ->
+length_norm, any other field -> its dotted name, a named axis -> its own name.
+
+``reference`` names one value of one axis (default: ``loss: vespo`` when the grid has that value):
+`vespo report` gives every other value's difference from it, seed by seed. ``cost`` is the sweep
+file's own assumption of what one run costs, which `vespo sweep --dry-run` turns into an expected
+wall time.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import yaml
 
 from vespo.errors import UserError
 
-SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode"}
+SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
+         "model.arch": "model", "loss.options.length_norm": "length_norm"}
+KEYS = ("base", "cost", "description", "grid", "name", "overrides", "reference")
 SEED_AXIS = "seed"
 
 
@@ -48,6 +58,18 @@ class Axis:
         return self.values[i], self.overrides[i]
 
 
+@dataclass(frozen=True)
+class Cost:
+    """The sweep file's assumption of the cost of one run (not a measurement)."""
+
+    run_s: float  # wall seconds of one run ...
+    jobs: int  # ... when this many runs share the machine (`--jobs`)
+    note: str = ""  # what the number rests on
+
+    def wall_s(self, runs: int) -> float:
+        return runs * self.run_s / self.jobs
+
+
 @dataclass
 class Sweep:
     name: str
@@ -55,8 +77,10 @@ class Sweep:
     overrides: list[str]
     axes: list[Axis]
     source: str = ""  # the sweep file, for error messages
+    reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
+    cost: Cost | None = None
 
-    def points(self) -> list["GridPoint"]:
+    def points(self) -> list[GridPoint]:
         """Every grid point, in row-major order of the axes."""
         out = []
         for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
@@ -91,12 +115,13 @@ def load_sweep(path: str | Path) -> Sweep:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise SweepError(f"{path}: the top level must be a mapping")
-    unknown = set(data) - {"name", "base", "overrides", "grid", "description"}
+    unknown = set(data) - set(KEYS)
     if unknown:
-        raise SweepError(f"{path}: unknown key(s) {sorted(unknown)}; valid: base, description, grid, name, overrides")
+        raise SweepError(f"{path}: unknown key(s) {sorted(unknown)}; valid: {', '.join(KEYS)}")
+    axes = _axes(data.get("grid"), path)
     return Sweep(name=str(data.get("name") or path.stem), base=_base(data.get("base"), path),
-                 overrides=_str_list(data.get("overrides", []), f"{path}: overrides"),
-                 axes=_axes(data.get("grid"), path), source=str(path))
+                 overrides=_str_list(data.get("overrides", []), f"{path}: overrides"), axes=axes, source=str(path),
+                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path))
 
 
 def _base(base: Any, path: Path) -> dict:
@@ -132,6 +157,29 @@ def _axes(grid: Any, path: Path) -> list[Axis]:
     if len(set(labels)) != len(labels):
         raise SweepError(f"{path}: two grid axes share a label: {labels}")
     return axes
+
+
+def _reference(ref: Any, axes: list[Axis], path: Path) -> dict[str, str]:
+    values = {a.label: a.values for a in axes}
+    if ref is None:
+        return {"loss": "vespo"} if "vespo" in values.get("loss", []) else {}
+    if not isinstance(ref, dict) or len(ref) != 1:
+        raise SweepError(f"{path}: reference must be one 'axis: value' pair, e.g. {{loss: vespo}}; got {ref!r}")
+    (axis, value), = ref.items()
+    if axis not in values or str(value) not in values[axis]:
+        raise SweepError(f"{path}: reference {axis}={value} is not a value of a grid axis; axes: {values}")
+    return {axis: str(value)}
+
+
+def _cost(cost: Any, path: Path) -> Cost | None:
+    if cost is None:
+        return None
+    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note"} or "run_s" not in cost:
+        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note), got {cost!r}")
+    run_s, jobs = cost["run_s"], cost.get("jobs", 1)
+    if not isinstance(run_s, (int, float)) or run_s <= 0 or not isinstance(jobs, int) or jobs < 1:
+        raise SweepError(f"{path}: cost.run_s must be a number > 0 and cost.jobs an integer >= 1, got {cost!r}")
+    return Cost(float(run_s), jobs, str(cost.get("note", "")))
 
 
 def _label(value: Any) -> str:

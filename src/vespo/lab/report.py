@@ -1,194 +1,171 @@
-"""`vespo report`: the table and figures of a sweep directory written by `vespo sweep`.
+"""`vespo report`: the tables and figures of sweep directories, and the results page.
 
-    vespo report runs/staleness --out docs/results/staleness
+    vespo report runs/staleness                           -> runs/staleness/report/report.md + PNGs
     vespo report runs/staleness --out DIR --panel loss --curve N
+    vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
+                                                          -> docs/results/<sweep>/ + the page
 
-Writes into DIR:
-
-    report.md            one row per condition (grid point without its seed), aggregated over seeds:
-                         final reward mean ± std, best reward, collapses, final KL, max grad norm,
-                         ESS and the sequence log-weight range; then one row per run
-    reward.png kl.png grad_norm.png    one panel per value of --panel (default: the loss), one curve per
-                         value of --curve (default: N), the mean over seeds with its min-max band
-    reward_equal_curve.png             the same reward curves with panel and curve swapped (equal N
-                         side by side: at a fixed number of rollouts a larger N is also more updates)
-
-"Final" means the mean over the last 20% of rollout steps (at least one step).
+A sweep's report.md holds, per condition (grid point without its seed), the mean over seeds with a
+90% bootstrap interval of the held-out accuracy after training (sampled and greedy) and of the
+training reward over the last quarter of the optimizer steps, the collapse count and diagnostics;
+each condition's paired difference against the sweep's reference (VESPO by default) seed by seed;
+with an lr axis, the stable learning-rate range per loss; then one row per run. Figures:
+reward.png, kl.png, grad_norm.png (curves against optimizer steps), headline.png when the grid
+has loss and N axes, lr.png when it has an lr axis. What "final" means: vespo.lab.results.
+With --page, every sweep's report goes to results/<name>/ beside the page, and the page gets the
+claims table (vespo.lab.claims), the headline figure, and each sweep's commands, commit and wall
+time (vespo.lab.page).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
+import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from vespo.lab.collapse import Collapse, collapse_of_rows
-from vespo.lab.grid import SEED_AXIS
-from vespo.plot import Run, load_run
+from vespo.lab.figures import curve_figure, headline_figure, lr_figure
+from vespo.lab.lr_range import LR_AXIS, lr_ranges, lr_text
+from vespo.lab.results import RunResult, by_seed, conditions, group, order, read_sweep
+from vespo.lab.stats import Interval, mean_ci, paired_difference
 
-FIGURES = [("reward", "reward/mean", "reward", False), ("kl", "kl/k3", "stale KL k3 (behavior vs updated)", True),
-           ("grad_norm", "optim/grad_norm_max", "max grad norm per rollout step", True)]
-
-
-@dataclass
-class RunResult:
-    name: str
-    labels: dict[str, str]
-    status: str  # done, interrupted, failed, unfinished
-    run: Run | None  # None when the run wrote no metrics
-    collapse: Collapse
-    stats: dict[str, float]
-
-
-# ---------------------------------------------------------------- reading
+FIGURES = [("reward", "reward/mean", "training reward", False),
+           ("kl", "kl/k3", "stale KL k3 (behavior vs updated)", True),
+           ("grad_norm", "optim/grad_norm_max", "max grad norm per logged step", True)]
+DEFINITIONS = (
+    "Mean over seeds with its 90% bootstrap interval in brackets. Held-out = accuracy on the task's held-out "
+    "problems after the last update (one sample per problem, and greedy); train = training reward over the last "
+    "quarter of the optimizer steps (the same samples at every N). Collapsed = reward below half its best, "
+    "non-finite updates, or EOS rate below 0.5, lasting through the end of the run (at least its last 10%); a run "
+    "stopped for non-finite updates counts as reward 0. KL k3 = mean(exp(d) - 1 - d) per token, between the "
+    "behavior and the updated policy (stale) or rollout engine and trainer (engine), over the last quarter.")
 
 
-def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[RunResult]]:
-    """sweep.json and one RunResult per grid point directory."""
-    sweep_dir = Path(sweep_dir)
-    record_path = sweep_dir / "sweep.json"
-    if not record_path.is_file():
-        raise FileNotFoundError(f"{sweep_dir} is not a sweep directory: no sweep.json (run `vespo sweep` first)")
-    record = json.loads(record_path.read_text())
-    results = [read_run(d) for d in sorted(sweep_dir.iterdir()) if (d / "lab.json").is_file()]
-    if not results:
-        raise FileNotFoundError(f"{sweep_dir}: no run directories yet")
-    axes = [a["label"] for a in record["axes"]]
-    return record, sorted(results, key=lambda r: _order(record, axes, tuple(r.labels.get(a) for a in axes)))
-
-
-def read_run(run_dir: Path) -> RunResult:
-    lab = json.loads((run_dir / "lab.json").read_text())
-    run = load_run(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
-    stopped = bool(lab.get("stopped_nonfinite"))
-    status = _status(lab, run)
-    if run is None or not run.rows:
-        collapse = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
-        return RunResult(run_dir.name, lab["labels"], status, None, collapse, {})
-    return RunResult(run_dir.name, lab["labels"], status, run, collapse_of_rows(run.rows, stopped), run_stats(run.rows))
-
-
-def _status(lab: dict, run: Run | None) -> str:
-    if lab.get("returncode", 0) != 0:
-        return "failed"
-    if run is not None and run.summary.get("status") in ("done", "interrupted"):
-        return run.summary["status"]
-    return "unfinished"
-
-
-def run_stats(rows: list[dict]) -> dict[str, float]:
-    """Per-run numbers of the table, from the metrics rows."""
-    return {
-        "final_reward": final_mean(rows, "reward/mean"),
-        "best_reward": max(float(r["reward/mean"]) for r in rows),
-        "final_kl": final_mean(rows, "kl/k3"),
-        "final_engine_kl": final_mean(rows, "mismatch/k3"),
-        "max_grad_norm": max((float(r.get("optim/grad_norm_max", r.get("optim/grad_norm", math.nan))) for r in rows),
-                             default=math.nan),
-        "ess": _mean([float(r["is/ess"]) for r in rows if "is/ess" in r]),
-        "log_w_min": min((float(r["is/log_w_min"]) for r in rows if "is/log_w_min" in r), default=math.nan),
-        "log_w_max": max((float(r["is/log_w_max"]) for r in rows if "is/log_w_max" in r), default=math.nan),
-        "final_eos": final_mean(rows, "rollout/eos_rate"),
-        "steps": float(len(rows)),
-    }
-
-
-def final_mean(rows: list[dict], key: str) -> float:
-    """Mean of a metric over the last 20% of the steps (at least one); nan if the metric is absent."""
-    values = [float(r[key]) for r in rows if key in r]
-    return _mean(values[-max(1, len(values) // 5):]) if values else math.nan
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-# ---------------------------------------------------------------- grouping
-
-
-def conditions(record: dict) -> list[str]:
-    """The axes that define a condition: every grid axis except the seed."""
-    return [a["label"] for a in record["axes"] if a["label"] != SEED_AXIS]
-
-
-def group(results: list[RunResult], axes: list[str]) -> dict[tuple, list[RunResult]]:
-    """Runs by condition (their labels on ``axes``), in the order the grid lists the values."""
-    out: dict[tuple, list[RunResult]] = {}
-    for r in results:
-        out.setdefault(tuple(r.labels[a] for a in axes), []).append(r)
-    return out
-
-
-def _order(record: dict, axes: list[str], key: tuple) -> tuple:
-    values = {a["label"]: a["values"] for a in record["axes"]}
-    return tuple(values[a].index(k) if k in values[a] else len(values[a]) for a, k in zip(axes, key))
-
-
-# ---------------------------------------------------------------- table
+# ---------------------------------------------------------------- tables
 
 
 def condition_table(record: dict, results: list[RunResult]) -> str:
     axes = conditions(record)
-    head = axes + ["runs", "final reward", "best reward", "collapsed", "final KL k3", "engine KL k3",
-                   "max grad norm", "mean ESS", "log W range"]
+    head = axes + ["runs", "held-out sampled", "held-out greedy", "train (last quarter)", "collapsed",
+                   "max grad norm", "mean ESS", "log W range", "stale KL k3", "engine KL k3"]
     lines = [_row(head), _row(["---"] * len(head))]
     groups = group(results, axes)
-    for key in sorted(groups, key=lambda k: _order(record, axes, k)):
+    for key in sorted(groups, key=lambda k: order(record, axes, k)):
         lines.append(_row(list(key) + _condition_cells(groups[key])))
     return "\n".join(lines)
 
 
 def _condition_cells(runs: list[RunResult]) -> list[str]:
-    s = [r.stats for r in runs if r.stats]
-    finals = [x["final_reward"] for x in s]
-    done = sum(r.status == "done" for r in runs)
-    reasons = sorted({r.collapse.reason for r in runs if r.collapse.collapsed})
-    return [f"{len(runs)}" + ("" if done == len(runs) else f" ({done} done)"),
-            _pm(finals), _num(_mean([x["best_reward"] for x in s])),
-            f"{sum(r.collapse.collapsed for r in runs)}/{len(runs)}" + (f" ({', '.join(reasons)})" if reasons else ""),
-            _num(_mean([x["final_kl"] for x in s]), sci=True), _num(_mean([x["final_engine_kl"] for x in s]), sci=True),
-            _num(max((x["max_grad_norm"] for x in s), default=math.nan)), _num(_mean([x["ess"] for x in s])),
-            _range(min((x["log_w_min"] for x in s), default=math.nan), max((x["log_w_max"] for x in s), default=math.nan))]
+    usable = [r for r in runs if r.usable]
+    s = [r.stats for r in usable]
+    missing = len(runs) - len(usable)
+    reasons = sorted({r.collapse.reason for r in usable if r.collapse.collapsed})
+    return [f"{len(usable)}" + (f" (+{missing} not finished)" if missing else ""),
+            ci_text(mean_ci(list(by_seed(runs, "eval_sampled").values()))),
+            ci_text(mean_ci(list(by_seed(runs, "eval_greedy").values()))),
+            ci_text(mean_ci(list(by_seed(runs, "train_last").values()))),
+            f"{sum(r.collapse.collapsed for r in usable)}/{len(usable)}" + (f" ({', '.join(reasons)})" if reasons else ""),
+            num(_max(x["max_grad_norm"] for x in s)), num(_mean([x["ess"] for x in s])),
+            _range(_min(x["log_w_min"] for x in s), _max(x["log_w_max"] for x in s)),
+            num(_mean([x["final_kl"] for x in s]), sci=True), num(_mean([x["final_engine_kl"] for x in s]), sci=True)]
+
+
+def paired_table(record: dict, results: list[RunResult]) -> str:
+    """Each condition minus the reference condition with the same other labels, seed by seed."""
+    ref = record.get("reference") or {}
+    if not ref:
+        return ""
+    (axis, ref_value), = ref.items()
+    axes = conditions(record)
+    others = [a for a in axes if a != axis]
+    head = others + [axis, "Δ held-out sampled", "Δ held-out greedy", "Δ train (last quarter)", "seeds",
+                     "higher in"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    groups = group(results, axes)
+    for key in sorted(groups, key=lambda k: order(record, axes, k)):
+        labels = dict(zip(axes, key))
+        if labels[axis] == ref_value:
+            continue
+        partner = groups.get(tuple(ref_value if a == axis else labels[a] for a in axes), [])
+        diffs = [paired_difference(by_seed(groups[key], m), by_seed(partner, m))
+                 for m in ("eval_sampled", "eval_greedy", "train_last")]
+        lines.append(_row([labels[a] for a in others] + [labels[axis]] + [ci_text(d.diff, signed=True) for d in diffs]
+                          + [str(diffs[0].diff.n), f"{diffs[0].wins}/{diffs[0].diff.n}"]))
+    return "\n".join(lines)
+
+
+def lr_table(record: dict, results: list[RunResult]) -> str:
+    if LR_AXIS not in conditions(record):
+        return ""
+    ranges = lr_ranges(record, results)
+    names = list(ranges[0].condition) if ranges else []
+    head = names + ["stable lr range", "width", "best held-out sampled in it", "per lr: collapsed/runs"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for r in ranges:
+        span = "none" if r.low is None else f"{lr_text(r.low)} to {lr_text(r.high)}"
+        best = "–" if r.best is None else f"{ci_text(r.best.reward)} at {lr_text(r.best.lr)}"
+        per_lr = ", ".join(f"{lr_text(p.lr)}: {p.collapsed}/{p.runs}" + (f" (+{p.missing})" if p.missing else "")
+                           for p in r.points)
+        lines.append(_row(list(r.condition.values()) + [span, "–" if r.low is None else f"{r.width:.3g}x", best,
+                                                         per_lr]))
+    return "\n".join(lines)
 
 
 def run_table(record: dict, results: list[RunResult]) -> str:
-    head = ["run", "status", "steps", "final reward", "best reward", "collapse", "final KL k3", "max grad norm",
-            "mean ESS", "final EOS rate"]
+    head = ["run", "status", "logged steps", "held-out sampled", "held-out greedy", "train (last quarter)",
+            "best train", "collapse", "max grad norm", "mean ESS", "final EOS rate", "seconds"]
     lines = [_row(head), _row(["---"] * len(head))]
     for r in results:
         s, c = r.stats, r.collapse
         collapse = f"{c.reason} at step {c.step}" if c.collapsed else "no"
-        lines.append(_row([f"`{r.name}`", r.status, _num(s.get("steps", 0), digits=0), _num(s.get("final_reward")),
-                           _num(s.get("best_reward")), collapse, _num(s.get("final_kl"), sci=True),
-                           _num(s.get("max_grad_norm")), _num(s.get("ess")), _num(s.get("final_eos"))]))
+        seconds = r.run.summary.get("seconds") if r.run is not None else None
+        lines.append(_row([f"`{r.name}`", r.status, str(len(r.run.rows)) if r.run else "0",
+                           num(s.get("eval_sampled")), num(s.get("eval_greedy")), num(s.get("train_last")),
+                           num(s.get("best_reward")), collapse, num(s.get("max_grad_norm")), num(s.get("ess")),
+                           num(s.get("final_eos")), num(seconds, digits=0)]))
     return "\n".join(lines)
+
+
+def ci_text(ci: Interval, signed: bool = False) -> str:
+    """"0.512 [0.470, 0.551]"; "+0.031 [-0.010, +0.070]" when signed; a lone value has no interval."""
+    if ci.n == 0 or not math.isfinite(ci.mean):
+        return "–"
+    f = "{:+.3f}" if signed else "{:.3f}"
+    if not ci.resolved:
+        return f.format(ci.mean)
+    return f"{f.format(ci.mean)} [{f.format(ci.low)}, {f.format(ci.high)}]"
 
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _num(x: float | None, digits: int = 3, sci: bool = False) -> str:
+def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
     if x is None or not math.isfinite(x):
         return "–"
     return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
 
 
-def _pm(values: list[float]) -> str:
-    values = [v for v in values if math.isfinite(v)]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return _num(values[0])
-    return f"{_num(statistics.mean(values))} ± {_num(statistics.stdev(values))}"
-
-
 def _range(lo: float, hi: float) -> str:
     return "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def _finite(xs) -> list[float]:
+    return [x for x in xs if x is not None and math.isfinite(x)]
+
+
+def _mean(xs) -> float:
+    xs = _finite(xs)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _max(xs) -> float:
+    return max(_finite(xs), default=math.nan)
+
+
+def _min(xs) -> float:
+    return min(_finite(xs), default=math.nan)
 
 
 # ---------------------------------------------------------------- figures
@@ -211,93 +188,79 @@ def layout(record: dict, panel: str | None, curve: str | None) -> tuple[str | No
     return panel, rest
 
 
-def curve_figure(record: dict, results: list[RunResult], panel: str | None, curves: list[str], metric: str,
-                 ylabel: str, logy: bool, out: Path, title: str) -> Path:
-    """One panel per value of ``panel``; in each, the seed-mean curve (and min-max band) per curve value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with_runs = [r for r in results if r.run is not None]
-    panels = group(with_runs, [panel]) if panel else {(): with_runs}
-    keys = sorted(panels, key=lambda k: _order(record, [panel], k) if panel else ())
-    cols = min(4, len(keys))
-    rows = math.ceil(len(keys) / cols)
-    fig, axs = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False, sharey=True,
-                            constrained_layout=True)
-    for ax, key in zip(axs.flat, keys):
-        by_curve = group(panels[key], curves)
-        for ck in sorted(by_curve, key=lambda k: _order(record, curves, k)):
-            _draw_mean(ax, by_curve[ck], metric, ", ".join(f"{a}={v}" for a, v in zip(curves, ck)))
-        ax.set_title(f"{panel}={key[0]}" if panel else title, fontsize=10)
-        ax.set_xlabel("rollout step")
-        ax.grid(alpha=0.3)
-        if logy:
-            ax.set_yscale("symlog", linthresh=1e-4)  # log above 1e-4, linear through 0
-    for ax in list(axs.flat)[len(keys):]:
-        ax.set_visible(False)
-    axs[0][0].set_ylabel(ylabel)
-    axs[0][0].legend(fontsize=7)
-    fig.suptitle(f"{title}: {metric}" if panel else metric, fontsize=11)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+def write_figures(record: dict, results: list[RunResult], out: Path, panel: str | None = None,
+                  curve: str | None = None) -> list[Path]:
+    panel, curves = layout(record, panel, curve)
+    figures = []
+    axes = conditions(record)
+    if "loss" in axes and "N" in axes:
+        figures.append(headline_figure(record, results, out / "headline.png"))
+    if LR_AXIS in axes:
+        figures.append(lr_figure(record, results, lr_ranges(record, results), out / "lr.png"))
+    for stem, metric, ylabel, logy in FIGURES:
+        figures.append(curve_figure(record, results, panel, curves, metric, ylabel, logy, out / f"{stem}.png",
+                                    record["name"]))
+    return figures
 
 
-def _draw_mean(ax, runs: list[RunResult], metric: str, label: str) -> None:
-    curves = [dict(zip(*r.run.curve(metric))) for r in runs]
-    steps = sorted(set.union(*(set(c) for c in curves))) if curves else []
-    if not steps:
-        return
-    values = [[c[s] for c in curves if s in c] for s in steps]
-    line, = ax.plot(steps, [_mean(v) for v in values], label=label, linewidth=1.4)
-    if len(runs) > 1:
-        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.15)
-
-
-# ---------------------------------------------------------------- the report
+# ---------------------------------------------------------------- one sweep's report
 
 
 def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: str | None = None) -> Path:
     record, results = read_sweep(sweep_dir)
-    panel, curves = layout(record, panel, curve)
     out.mkdir(parents=True, exist_ok=True)
-    figures = []
-    for stem, metric, ylabel, logy in FIGURES:
-        figures.append(curve_figure(record, results, panel, curves, metric, ylabel, logy, out / f"{stem}.png",
-                                    record["name"]))
-    if panel and curves:  # equal-N view: panels by the first curve axis, curves by the panel axis
-        figures.append(curve_figure(record, results, curves[0], [panel] + curves[1:], "reward/mean", "reward", False,
-                                    out / "reward_equal_curve.png", record["name"]))
+    figures = write_figures(record, results, out, panel, curve)
     path = out / "report.md"
     path.write_text(markdown(record, results, figures))
     return path
 
 
 def markdown(record: dict, results: list[RunResult], figures: list[Path]) -> str:
-    seeds = sorted({r.labels.get(SEED_AXIS) for r in results} - {None})
+    seeds = sorted({r.seed for r in results} - {""}, key=lambda s: (len(s), s))
     lines = [f"## Sweep `{record['name']}`", "",
-             f"{len(results)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + "; the runs column counts "
-             "each condition's runs (seeds). Final = mean over the last 20% of rollout steps; "
-             "KL k3 = mean(exp(d) - 1 - d) per token between the behavior and the updated policy; engine KL = the "
-             "same between rollout engine and trainer; collapsed = reward below half its best until the end, "
-             "non-finite updates, or EOS rate below 0.5 until the end (at least 3 steps).", "",
-             condition_table(record, results), "", "Runs:", "", run_table(record, results), ""]
+             f"{len(results)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + ". " + DEFINITIONS, "",
+             condition_table(record, results), ""]
+    paired = paired_table(record, results)
+    if paired:
+        (axis, value), = record["reference"].items()
+        lines += [f"Paired differences against {axis} = {value} (same seed: same warm start and prompt order; "
+                  "a - reference, mean over seeds with its 90% bootstrap interval):", "", paired, ""]
+    lr = lr_table(record, results)
+    if lr:
+        lines += ["Learning-rate range (stable: every run at that lr finished without collapse):", "", lr, ""]
+    lines += ["Runs:", "", run_table(record, results), ""]
     lines += [f"![{f.stem}]({f.name})" for f in figures]
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- command line
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vespo report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep_dir", help="a directory written by `vespo sweep`")
-    p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report)")
+    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directories written by `vespo sweep`")
+    p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with --page: "
+                                 "results/ beside the page, one folder per sweep)")
     p.add_argument("--panel", help="grid axis with one panel per value (default: loss)")
     p.add_argument("--curve", help="grid axis with one curve per value (default: N)")
+    p.add_argument("--page", help="write the results page (markdown) over all the sweeps")
+    p.add_argument("--claims", help="claims file for the page's claims table (configs/lab/claims.yaml)")
     args = p.parse_args(argv)
-    out = Path(args.out) if args.out else Path(args.sweep_dir) / "report"
+    if len(args.sweep_dirs) > 1 and not args.page:
+        p.error("several sweep directories need --page (one report per sweep goes beside the page)")
+    if args.claims and not args.page:
+        p.error("--claims needs --page")
     try:
-        path = write_report(Path(args.sweep_dir), out, args.panel, args.curve)
+        if args.page:
+            from vespo.lab.page import write_page
+
+            path = write_page([Path(d) for d in args.sweep_dirs], Path(args.page),
+                              Path(args.claims) if args.claims else None, Path(args.out) if args.out else None,
+                              "vespo report " + shlex.join(argv))
+            print(f"wrote {path} and the sweeps' reports")
+            return 0
+        out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
+        path = write_report(Path(args.sweep_dirs[0]), out, args.panel, args.curve)
     except (FileNotFoundError, ValueError) as e:
         print(f"vespo report: {e}", file=sys.stderr)
         return 2

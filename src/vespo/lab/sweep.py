@@ -5,9 +5,12 @@
     vespo sweep configs/lab/staleness.yaml --out runs/staleness --only N=1,32 --only seed=0    part of the grid
     vespo sweep configs/lab/quick.yaml --out runs/quick run.steps=5           extra overrides for every run
 
-SWEEP_DIR holds `sweep.json` (the grid), `base.yaml` (the base config) and one normal run
+SWEEP_DIR holds `sweep.json` (the grid), `base.yaml` (the base config), `sessions.jsonl` (one line
+per call that ran something: start, end, command, git commit, machine) and one normal run
 directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/, train.log and
-lab.json with the point's labels and exit status). Processes run `jobs` at a time with one torch
+lab.json with the point's labels and exit status). The plan shows per run the protocol: N, the
+mini-batch (prompts x responses per prompt), the rollout batch (N x mini-batch), rollout steps,
+optimizer steps and samples; with the sweep file's `cost`, the expected wall time. Processes run `jobs` at a time with one torch
 thread each. Re-running the same command resumes the sweep: finished runs (summary.json with status
 done) are skipped, runs with a checkpoint are resumed with --resume, failed runs are kept as failed
 unless --retry-failed. A sweep directory refuses a changed base config or a run whose overrides
@@ -20,15 +23,42 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
 from vespo.lab.grid import GridPoint, Sweep, SweepError, load_sweep
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What one run does, in the paper's terms (from its resolved config)."""
+
+    n: int  # mini-batches (optimizer steps) per rollout batch
+    minibatch_prompts: int
+    group_size: int  # responses per prompt
+    rollout_prompts: int  # prompts per rollout batch = n x minibatch_prompts
+    rollout_steps: int
+    mode: str  # sync | async
+
+    @property
+    def minibatch_responses(self) -> int:
+        return self.minibatch_prompts * self.group_size
+
+    @property
+    def updates(self) -> int:
+        return self.rollout_steps * self.n
+
+    @property
+    def samples(self) -> int:
+        return self.updates * self.minibatch_responses
 
 
 @dataclass
@@ -37,6 +67,7 @@ class Job:
     run_dir: Path
     action: str  # "skip" (done), "failed" (kept), "resume", "start"
     warm_key: str = ""  # warm-start cache file this run reads or writes
+    protocol: Protocol | None = None
 
 
 def main(argv: list[str]) -> int:
@@ -59,13 +90,15 @@ def main(argv: list[str]) -> int:
     except (SweepError, ValueError) as e:
         print(f"vespo sweep: {e}", file=sys.stderr)
         return 2
-    print_plan(sweep, jobs)
+    print_plan(sweep, jobs, args.jobs)
     if args.dry_run:
         for job in jobs:
             if job.action in ("start", "resume"):
                 print(" ".join(command(job, Path(args.out))))
         return 0
-    failed = run_all(jobs, Path(args.out), args.jobs)
+    with session(Path(args.out), "vespo sweep " + shlex.join(argv), args.jobs) as record:
+        failed = run_all(jobs, Path(args.out), args.jobs)
+        record.update(runs=sum(j.action in ("start", "resume") for j in jobs), failed=failed)
     print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
     return 1 if failed else 0
 
@@ -103,8 +136,14 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
             cfg = load_config(out / "base.yaml", point.overrides + [f"run.out_dir={run_dir}"])
         except ConfigError as e:
             raise SweepError(f"{sweep.source}: grid point {point.name}: {e}") from None
-        jobs.append(Job(point, run_dir, _action(run_dir, retry_failed), _warm_key(cfg)))
+        jobs.append(Job(point, run_dir, _action(run_dir, retry_failed), _warm_key(cfg), protocol_of(cfg)))
     return jobs
+
+
+def protocol_of(cfg) -> Protocol:
+    """The resolved config's staleness protocol (rollout batch and run length already derived)."""
+    return Protocol(cfg.staleness.n, cfg.prompts_per_minibatch, cfg.rollout.group_size, cfg.rollout.prompts_per_step,
+                    cfg.run.steps, cfg.run.mode)
 
 
 def write_record(sweep: Sweep, out: Path) -> None:
@@ -120,7 +159,8 @@ def write_record(sweep: Sweep, out: Path) -> None:
             raise SweepError(f"{lab}: run {point.name} was made with other overrides than {sweep.source} gives it "
                              "now; choose another --out")
     record = {"name": sweep.name, "source": sweep.source, "overrides": sweep.overrides,
-              "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes]}
+              "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes],
+              "reference": sweep.reference}
     (out / "base.yaml").write_text(base)
     (out / "sweep.json").write_text(json.dumps(record, indent=2))
 
@@ -144,11 +184,96 @@ def _warm_key(cfg) -> str:
     return str(warmstart_cache_path(cfg))
 
 
-def print_plan(sweep: Sweep, jobs: list[Job]) -> None:
+PLAN_HEAD = ("action", "run", "N", "mini-batch", "rollout batch", "rollout steps", "optimizer steps", "samples")
+
+
+def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
+    """The runs with their protocol, and the expected wall time when the sweep file states a cost."""
     counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip", "failed")}
     print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
-    for job in jobs:
-        print(f"  {job.action:<7} {job.point.name}")
+    pending = counts["start"] + counts["resume"]
+    if sweep.cost is not None and pending:
+        c = sweep.cost
+        print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min "
+              f"(the sweep file assumes {c.run_s:g} s per run with {c.jobs} at a time"
+              + (f"; you asked for --jobs {n_jobs}" if n_jobs != c.jobs else "") + (f"; {c.note}" if c.note else "")
+              + ")")
+    rows = [PLAN_HEAD] + [_plan_row(job) for job in jobs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(PLAN_HEAD))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _plan_row(job: Job) -> tuple[str, ...]:
+    p = job.protocol
+    if p is None:
+        return (job.action, job.point.name) + ("",) * 6
+    return (job.action, job.point.name, str(p.n),
+            f"{p.minibatch_prompts} prompts x {p.group_size} = {p.minibatch_responses}",
+            f"{p.rollout_prompts} prompts = {p.rollout_prompts * p.group_size}",
+            str(p.rollout_steps) + (" (async)" if p.mode == "async" else ""), str(p.updates), str(p.samples))
+
+
+# ---------------------------------------------------------------- the sweep's own record
+
+
+class session:
+    """Append one line to SWEEP_DIR/sessions.jsonl for a call that runs something: when it started
+    and ended, the command, the git commit of the code and the machine. A sweep resumed over
+    several calls has several lines; its wall time is their sum."""
+
+    def __init__(self, out: Path, command_line: str, jobs: int):
+        self.path = out / "sessions.jsonl"
+        self.record = {"command": command_line, "jobs": jobs, **source_commit(), "machine": machine()}
+
+    def __enter__(self) -> dict:
+        self.t0 = time.time()
+        self.record["start"] = _iso(self.t0)
+        return self.record
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        t1 = time.time()
+        self.record.update(end=_iso(t1), seconds=round(t1 - self.t0, 1), interrupted=exc_type is not None)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(self.record) + "\n")
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def source_commit() -> dict:
+    """{"commit", "dirty", "source"}: the git commit of the vespo code being run (the repository
+    holding the package, else the current directory); dirty if src/ or configs/ have changes."""
+    import vespo
+
+    for where in (Path(vespo.__file__).resolve().parent, Path.cwd()):
+        root = _git(where, "rev-parse", "--show-toplevel")
+        if root:
+            status = _git(Path(root), "status", "--porcelain", "--", "src", "configs")
+            return {"commit": _git(Path(root), "rev-parse", "HEAD"), "dirty": bool(status),
+                    "source": str(Path(vespo.__file__).resolve().parent)}
+    return {"commit": None, "dirty": None, "source": str(Path(vespo.__file__).resolve().parent)}
+
+
+def _git(where: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def machine() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    return {"node": platform.node(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch_version}
 
 
 # ---------------------------------------------------------------- running

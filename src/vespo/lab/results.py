@@ -1,0 +1,230 @@
+"""A sweep directory's results: one RunResult per run, its scalar results, and conditions of runs.
+
+    record, results = read_sweep("runs/staleness")
+    cells = group(results, conditions(record))            {("vespo", "32"): [RunResult per seed], ...}
+    by_seed(cells[("vespo", "32")], "eval_sampled")       {"0": 0.61, "1": 0.55, ...}
+
+What "final" means (the same at every N under the paper's protocol of equal optimizer steps):
+
+    eval_sampled   held-out accuracy after the last update, one sample per problem at the training
+                   temperature, on task.eval_size problems (summary.json eval_after.reward_sampled)
+    eval_greedy    the same with greedy decoding
+    train_last     training reward over the rollout steps whose samples were drawn in the last
+                   quarter of the run's optimizer steps: the same number of samples at every N
+                   when N divides a quarter of the run
+
+A run the trainer stopped for non-finite updates has no evaluation; it counts as reward 0 (its
+policy is broken). A run that failed otherwise, or has not finished, is left out of the statistics
+and listed as such.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from vespo.lab.collapse import Collapse, collapse_of_rows
+from vespo.lab.grid import SEED_AXIS
+from vespo.plot import Run, load_run
+
+LAST_SHARE = 0.25  # train_last: the last quarter of the optimizer steps
+
+METRICS = {  # name -> what it is (the report's definitions)
+    "eval_sampled": "held-out accuracy after the last update, one sample per problem",
+    "eval_greedy": "held-out accuracy after the last update, greedy",
+    "train_last": "training reward over the last quarter of the optimizer steps",
+    "best_reward": "best training reward of a rollout step",
+    "collapsed": "1 if the run collapsed, else 0",
+    "max_grad_norm": "largest gradient norm (before clipping) of any update",
+    "max_kl": "largest per-step stale KL k3 (behavior policy vs the updated policy)",
+    "final_kl": "stale KL k3 over the last quarter",
+    "final_engine_kl": "engine KL k3 (rollout engine vs trainer) over the last quarter",
+    "ess": "mean effective sample size of the sequence weights",
+    "log_w_min": "smallest sequence log-weight log W",
+    "log_w_max": "largest sequence log-weight log W",
+    "final_eos": "share of responses ending with EOS over the last quarter",
+}
+
+
+@dataclass
+class RunResult:
+    name: str
+    labels: dict[str, str]
+    status: str  # done, interrupted, failed, unfinished
+    run: Run | None  # None when the run wrote no metrics
+    collapse: Collapse
+    stats: dict[str, float] = field(default_factory=dict)  # METRICS of this run ({} if none)
+    config: dict = field(default_factory=dict)  # the run's resolved config.yaml ({} if absent)
+
+    @property
+    def usable(self) -> bool:
+        """Counted in the statistics: finished, or stopped for non-finite updates (reward 0)."""
+        return self.status == "done" or (self.collapse.reason == "nonfinite" and bool(self.stats))
+
+    @property
+    def seed(self) -> str:
+        return self.labels.get(SEED_AXIS, "")
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[RunResult]]:
+    """sweep.json (plus its sessions) and one RunResult per run directory, in grid order."""
+    sweep_dir = Path(sweep_dir)
+    record_path = sweep_dir / "sweep.json"
+    if not record_path.is_file():
+        raise FileNotFoundError(f"{sweep_dir} is not a sweep directory: no sweep.json (run `vespo sweep` first)")
+    record = json.loads(record_path.read_text())
+    record["dir"] = str(sweep_dir)
+    record["sessions"] = read_sessions(sweep_dir)
+    results = [read_run(d) for d in sorted(sweep_dir.iterdir()) if (d / "lab.json").is_file()]
+    if not results:
+        raise FileNotFoundError(f"{sweep_dir}: no run directories yet")
+    axes = [a["label"] for a in record["axes"]]
+    return record, sorted(results, key=lambda r: order(record, axes, tuple(r.labels.get(a) for a in axes)))
+
+
+def read_sessions(sweep_dir: Path) -> list[dict]:
+    path = sweep_dir / "sessions.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({e.msg})") from None
+    return out
+
+
+def read_run(run_dir: Path) -> RunResult:
+    lab = json.loads((run_dir / "lab.json").read_text())
+    if "labels" not in lab:
+        raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
+    run = load_run(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
+    config = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}) if (run_dir / "config.yaml").is_file() else {}
+    stopped = bool(lab.get("stopped_nonfinite"))
+    status = _status(lab, run)
+    if run is None or not run.rows:
+        collapse = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
+        stats = _dead_run_stats() if stopped else {}
+        return RunResult(run_dir.name, lab["labels"], status, None, collapse, stats, config)
+    collapse = collapse_of_rows(run.rows, stopped)
+    return RunResult(run_dir.name, lab["labels"], status, run, collapse, run_stats(run, collapse), config)
+
+
+def _status(lab: dict, run: Run | None) -> str:
+    if lab.get("returncode", 0) != 0:
+        return "failed"
+    if run is not None and run.summary.get("status") in ("done", "interrupted"):
+        return run.summary["status"]
+    return "unfinished"
+
+
+# ---------------------------------------------------------------- per-run results
+
+
+def planned_updates(run: Run) -> int:
+    """The run's length in optimizer steps: run.steps x N from its config, else what it logged."""
+    steps = (run.config.get("run") or {}).get("steps") or len(run.rows)
+    return int(steps) * run.updates_per_step
+
+
+def update_axis(run: Run) -> list[int]:
+    """Per logged row, the optimizer steps taken before its samples were trained: (step - 1) x N."""
+    return run.curve("step", x="updates")[0]
+
+
+def last_share_mean(run: Run, key: str, share: float = LAST_SHARE) -> float:
+    """Mean of a metric over the rows trained in the last ``share`` of the run's optimizer steps."""
+    start = (1.0 - share) * planned_updates(run)
+    values = [float(r[key]) for x, r in zip(update_axis(run), run.rows) if x >= start - 1e-9 and key in r]
+    return _mean(values)
+
+
+def run_stats(run: Run, collapse: Collapse) -> dict[str, float]:
+    """The METRICS of one run."""
+    rows = run.rows
+    after = run.summary.get("eval_after") or {}
+    stats = {
+        "eval_sampled": float(after.get("reward_sampled", math.nan)),
+        "eval_greedy": float(after.get("reward_greedy", math.nan)),
+        "train_last": last_share_mean(run, "reward/mean"),
+        "best_reward": max(float(r["reward/mean"]) for r in rows),
+        "collapsed": float(collapse.collapsed),
+        "max_grad_norm": _max(rows, "optim/grad_norm_max", "optim/grad_norm"),
+        "max_kl": _max(rows, "kl/k3"),
+        "final_kl": last_share_mean(run, "kl/k3"),
+        "final_engine_kl": last_share_mean(run, "mismatch/k3"),
+        "ess": _mean([float(r["is/ess"]) for r in rows if "is/ess" in r]),
+        "log_w_min": min((float(r["is/log_w_min"]) for r in rows if "is/log_w_min" in r), default=math.nan),
+        "log_w_max": max((float(r["is/log_w_max"]) for r in rows if "is/log_w_max" in r), default=math.nan),
+        "final_eos": last_share_mean(run, "rollout/eos_rate"),
+    }
+    if collapse.reason == "nonfinite" and not after:  # stopped by the trainer: a broken policy scores 0
+        stats.update(eval_sampled=0.0, eval_greedy=0.0, train_last=0.0)
+    return stats
+
+
+def _dead_run_stats() -> dict[str, float]:
+    return {**{k: math.nan for k in METRICS}, "eval_sampled": 0.0, "eval_greedy": 0.0, "train_last": 0.0,
+            "collapsed": 1.0}
+
+
+def _max(rows: list[dict], key: str, fallback: str | None = None) -> float:
+    values = [float(r[key]) for r in rows if key in r]
+    if not values and fallback:
+        values = [float(r[fallback]) for r in rows if fallback in r]
+    return max(values, default=math.nan)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+# ---------------------------------------------------------------- conditions
+
+
+def conditions(record: dict) -> list[str]:
+    """The axes that define a condition: every grid axis except the seed."""
+    return [a["label"] for a in record["axes"] if a["label"] != SEED_AXIS]
+
+
+def group(results: list[RunResult], axes: list[str]) -> dict[tuple, list[RunResult]]:
+    """Runs by condition (their labels on ``axes``), in the order they come."""
+    out: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        out.setdefault(tuple(r.labels.get(a) for a in axes), []).append(r)
+    return out
+
+
+def order(record: dict, axes: list[str], key: tuple) -> tuple:
+    """Sort key of a condition: the grid's order of each axis's values."""
+    values = {a["label"]: a["values"] for a in record["axes"]}
+    return tuple(values[a].index(k) if k in values.get(a, []) else len(values.get(a, [])) for a, k in zip(axes, key))
+
+
+def by_seed(runs: list[RunResult], metric: str) -> dict[str, float]:
+    """{seed: value} of the usable runs of one condition."""
+    return {r.seed: r.stats.get(metric, math.nan) for r in runs if r.usable}
+
+
+def select(record: dict, results: list[RunResult], where: dict[str, object]) -> list[RunResult]:
+    """The runs whose labels match ``where`` ({axis: value or [values]}); unknown axes or values are named."""
+    values = {a["label"]: a["values"] for a in record["axes"]}
+    wanted = {}
+    for axis, v in where.items():
+        if axis not in values:
+            raise ValueError(f"sweep {record['name']!r} has no axis {axis!r}; axes: {list(values)}")
+        vs = [str(x) for x in (v if isinstance(v, list) else [v])]
+        bad = [x for x in vs if x not in values[axis]]
+        if bad:
+            raise ValueError(f"sweep {record['name']!r}: {axis}={bad} not in the grid's values {values[axis]}")
+        wanted[axis] = set(vs)
+    return [r for r in results if all(r.labels.get(a) in vs for a, vs in wanted.items())]
