@@ -24,9 +24,9 @@ Two rules (``rule``), each per sign, (k0, lam0) = the configured (k_pos, lambda_
              ESS only falls as the kernel sharpens, so s is the sharpest scale that keeps the target)
 
 A sign with fewer than two sequences keeps (k0, lam0) (no batch statistic to adapt to). The roots
-are found on detached float64 tensors by a fixed number of grid refinements (a 128-ary bisection:
-4 passes of 128 points narrow the bracket by 127^4 = 2.6e8, then linear interpolation), vectorized
-over both signs: no host sync, no extra forward pass, a few dozen small kernels. The loss itself is then VESPO's with that shape:
+are found on detached float64 tensors by a fixed number of grid refinements (a 16-ary bisection:
+8 passes of 16 points narrow the bracket by 15^8 = 2.6e9, then linear interpolation), vectorized
+over both signs: no host sync, no extra forward pass, about a hundred small kernels on [2, 16, B]. The loss itself is then VESPO's with that shape:
 
     L = agg( -sg[phi(W_i)] * A_i * logp_it )
 
@@ -53,8 +53,8 @@ from vespo.types import LossOutput
 
 RULES: tuple[str, ...] = ("budget", "ess")
 MIN_SEQUENCES = 2  # a sign with fewer sequences keeps the configured kernel
-SOLVER_POINTS = 128  # grid points per refinement pass
-SOLVER_PASSES = 4  # refinement passes: the bracket shrinks by (SOLVER_POINTS - 1) ** SOLVER_PASSES = 2.6e8
+SOLVER_POINTS = 16  # grid points per refinement pass
+SOLVER_PASSES = 8  # refinement passes: the bracket shrinks by (SOLVER_POINTS - 1) ** SOLVER_PASSES = 2.6e9
 
 
 @dataclass
