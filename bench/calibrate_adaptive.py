@@ -95,8 +95,8 @@ def report(calls) -> None:
     for row, sign in enumerate(("A >= 0", "A < 0")):
         usable = torch.tensor([bool(g[row].sum() >= 2) for _, g in calls])
         lr = lam[usable, row]
-        print(f"{sign}: lam at the defaults: {quantiles(lr)}; at lambda_min {(lr <= default.lambda_min).double().mean():.2f},"
-              f" at lambda_max {(lr >= default.lambda_max).double().mean():.2f}")
+        at_min, at_max = (lr <= default.lambda_min).double().mean(), (lr >= default.lambda_max).double().mean()
+        print(f"{sign}: lam at the defaults: {quantiles(lr)}; at lambda_min {at_min:.2f}, at lambda_max {at_max:.2f}")
         e = ess[usable, row]
         print(f"{sign}: paper kernel's coefficient ESS: {quantiles(e)}; below {default.ess_target}: "
               f"{(e < default.ess_target).double().mean():.3f}")
@@ -104,7 +104,8 @@ def report(calls) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=Path("configs/lab/staleness.yaml"), help="a lab config (base: ...)")
+    parser.add_argument("--config", type=Path, default=Path("configs/lab/staleness.yaml"),
+                        help="a lab config (its base: section is trained)")
     parser.add_argument("--n", type=int, default=8, help="staleness N")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, default=40, help="rollout steps per run")

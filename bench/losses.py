@@ -44,7 +44,7 @@ def make_inputs(B: int, T: int, device: str) -> dict[str, Tensor]:
     return {k: v.to(device) for k, v in dict(logp=logp, old_logp=old_logp, advantages=adv, mask=mask).items()}
 
 
-# ---------------------------------------------------------------- plain references (SPEC §1-§2)
+# ---------------------------------------------------------------- plain references (the papers' formulas)
 
 
 def plain_base(logp, old_logp, adv, mask, cfg):

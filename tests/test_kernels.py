@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
+from losses.reference import adaptive_shape  # tests/ is on sys.path (rootdir import mode)
 
 from vespo.kernels import kernel_curves, main, stale_batch
 from vespo.losses.vespo_adaptive import VespoAdaptiveConfig
-
-from losses.reference import adaptive_shape  # tests/ is on sys.path (rootdir import mode)
 
 T = 8
 

@@ -4,7 +4,7 @@
 
 1. The documented Hydra overrides (loss_mode=vespo, policy_loss._target_=VespoPolicyLossConfig,
    +policy_loss.vespo.k_pos=...) build verl's actor config, and building it registers `vespo`.
-2. `get_policy_loss_fn("vespo")` on random inputs equals a float64 reference written from SPEC §1
+2. `get_policy_loss_fn("vespo")` on random inputs equals a float64 reference written from the paper's kernel
    and aggregated by verl's own `agg_loss`, for every verl aggregation mode, with and without
    data-parallel batch info, and with token- and sequence-level rollout correction weights.
 3. It equals vespo's own loss computed directly from vespo.losses; `vespo_<name>` likewise.
@@ -55,7 +55,7 @@ def random_batch(seed: int, B: int = 6, T: int = 7):
 
 
 def reference_phi(log_w: torch.Tensor, adv_seq: torch.Tensor) -> torch.Tensor:
-    """SPEC §1: log φ = λ + k·log W − λ·W with (k, λ) by the sign of A; log W clamped to [log 1e-8, 20]."""
+    """The paper's kernel log φ = λ + k·log W − λ·W, (k, λ) by the sign of A; log W clamped to [-18.42, 20]."""
     k = torch.where(adv_seq >= 0, VESPO_OPTIONS["k_pos"], VESPO_OPTIONS["k_neg"])
     lam = torch.where(adv_seq >= 0, VESPO_OPTIONS["lambda_pos"], VESPO_OPTIONS["lambda_neg"])
     log_w = log_w.clamp(math.log(1e-8), 20.0)

@@ -252,7 +252,8 @@ def adaptive_shape(logp, old, adv, mask, cfg, rollout):
             elif g(cfg.lambda_max) > 0:
                 lam = cfg.lambda_max
             else:
-                lam = math.exp(bisect(lambda u: g(math.exp(u)), math.log(cfg.lambda_min), math.log(cfg.lambda_max)))
+                log_lam = bisect(lambda u, g=g: g(math.exp(u)), math.log(cfg.lambda_min), math.log(cfg.lambda_max))
+                lam = math.exp(log_lam)
             shape[sign] = (k0, lam)
         else:
             # ESS of phi^s, decreasing in s; s_max if the target holds there, s_min if it fails there

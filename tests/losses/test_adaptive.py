@@ -28,7 +28,8 @@ def run(name, batch, cfg):
 
 
 def chosen(metrics):
-    return {sign: (metrics[f"vespo/k_{sign}"].item(), metrics[f"vespo/lambda_{sign}"].item()) for sign in ("pos", "neg")}
+    return {sign: (metrics[f"vespo/k_{sign}"].item(), metrics[f"vespo/lambda_{sign}"].item())
+            for sign in ("pos", "neg")}
 
 
 def two_token_batch(log_ws, advantages):
@@ -150,7 +151,7 @@ def test_loss_is_vespo_at_the_chosen_shape(rule, token_adv):
     ref, ref_grad = run("vespo", batch, fixed)
     torch.testing.assert_close(out.loss, ref.loss, rtol=1e-13, atol=0)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-13, atol=0)
-    base, base_grad = run("vespo", batch, VESPO.config_cls())
+    _, base_grad = run("vespo", batch, VESPO.config_cls())
     assert not torch.allclose(grad, base_grad)  # the shape moved, so the gradient did
 
 
@@ -233,7 +234,8 @@ def test_extreme_log_ratios_stay_finite(rows, adv, rule, agg, dtype):
     ratio = torch.tensor(rows, dtype=torch.float64)  # [B, 3], log-ratios up to +-1e4 per token
     logp = torch.full_like(ratio, -1.0)
     batch = {"logp": logp.to(dtype), "old_logp": (logp - ratio).to(dtype),
-             "advantages": torch.tensor(adv[: len(rows)], dtype=dtype), "mask": torch.ones_like(ratio, dtype=torch.bool)}
+             "advantages": torch.tensor(adv[: len(rows)], dtype=dtype),
+             "mask": torch.ones_like(ratio, dtype=torch.bool)}
     out, grad = run("vespo_adaptive", batch, VespoAdaptiveConfig(rule=rule, agg=agg))
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
     assert all(torch.isfinite(v) for v in out.metrics.values())

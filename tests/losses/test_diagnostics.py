@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vespo.losses import get_loss, loss_names
-from vespo.losses.diagnostics import masked_quantile
+from vespo.losses.diagnostics import masked_quantile, metric_reduction
 
 from .batches import make_batch
 
@@ -114,7 +114,8 @@ def test_kernel_weight_metrics_describe_what_phi_saw(name, length_norm):
     if length_norm == "sqrt":
         used = used / mask.sum(-1).clamp(min=1).double().sqrt()
     used = used.clamp(math.log(1e-8), 20.0)
-    assert m["is/log_w_min"].item() == pytest.approx(raw.sum(-1)[valid].min().item(), rel=1e-12)  # raw: the +25 token in it
+    # is/* is the raw log W (the +25 token in it); vespo/log_w_* what the kernel used
+    assert m["is/log_w_min"].item() == pytest.approx(raw.sum(-1)[valid].min().item(), rel=1e-12)
     assert m["vespo/log_w_min"].item() == pytest.approx(used[valid].min().item(), rel=1e-12)
     assert m["vespo/log_w_min"].item() != pytest.approx(m["is/log_w_min"].item(), rel=1e-3)
     for key, q in (("p50", 0.5), ("p90", 0.9), ("max", 1.0)):
@@ -175,3 +176,10 @@ def test_metric_names_reduce_to_the_whole_batch_value(name):
     assert "is/log_w_max" in exact and "is/n_seq" in exact
     for key in exact:
         assert reduced[key] == pytest.approx(full[key].item(), rel=1e-12), key
+
+
+def test_metric_reduction_states_the_naming_rule():
+    cases = {"is/log_w_max": "max", "vespo/phi_neg_min": "min", "vespo/phi_pos_sum": "sum", "is/n_seq": "sum",
+             "vespo/n_pos": "sum", "is/ess": "mean", "vespo/eq_w_pos": "mean", "vespo/lambda_pos": "mean",
+             "loss/clip_frac_high": "mean", "vespo/adapted_pos": "mean"}
+    assert {name: metric_reduction(name) for name in cases} == cases

@@ -29,7 +29,8 @@ token count, or for seq-mean-* aggregations the sequence count, of one optimizer
 this process, so gradient accumulation and data parallelism leave the gradient unchanged.
 
 vespo's diagnostics (`is/ess`, `vespo/phi_pos_mean`, ...) go to TRL's metrics (`self._metrics`),
-averaged over processes, and appear in the trainer's logs next to TRL's own.
+combined over processes by their names (a `_max` by max, ...; `vespo.losses.diagnostics.metric_reduction`),
+and appear in the trainer's logs next to TRL's own (which then average them over logging steps).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from vespo.losses import RolloutCorrection, get_loss
+from vespo.losses.diagnostics import metric_reduction
 
 # TRL's vllm_importance_sampling_mode -> vespo's rollout-correction mode for the same ratio
 TRL_IS_MODES = {
@@ -135,10 +137,11 @@ class VespoGRPOTrainer(GRPOTrainer):
     def _log_metrics(
         self, mode: str, metrics: dict[str, torch.Tensor], entropies: torch.Tensor, mask: torch.Tensor
     ) -> None:
-        """vespo's diagnostics and the mean token entropy, averaged over processes, into TRL's metrics."""
+        """vespo's diagnostics, combined over processes by their names' reduction, and the mean token entropy."""
         for name, value in metrics.items():
             gathered = self.accelerator.gather(value.detach().float().reshape(1))
-            self._metrics[mode][name].append(gathered.nanmean().item())
+            reduce = {"max": torch.amax, "min": torch.amin, "sum": torch.nansum, "mean": torch.nanmean}
+            self._metrics[mode][name].append(reduce[metric_reduction(name)](gathered).item())
         totals = torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()])
         totals = self.accelerator.reduce(totals, reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())

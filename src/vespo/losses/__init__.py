@@ -12,7 +12,7 @@ shared pieces: aggregation.py, rollout_correction.py, diagnostics.py, kernel.py 
 _checks.py (input checks). vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md).
 """
 
-from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (each registers itself)
+from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (they register)
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import LossConfig, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss

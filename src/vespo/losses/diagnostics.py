@@ -20,8 +20,8 @@ the sequences s of that sign with that sign's kernel phi:
     vespo/phi_{pos,neg}_sum       sum_s phi_s (the normalizer of Q on the batch)
     vespo/phi_{pos,neg}_ess       (sum_s phi_s)^2 / (n sum_s phi_s^2), the ESS of the coefficients
 
-Names follow the trainer's reduction over micro- and mini-batches: *_max by max, *_min by min,
-*_sum by sum, n_* by sum, all else by mean.
+Names follow the reduction over micro-batches, mini-batches and processes that
+:func:`metric_reduction` states: *_max by max, *_min by min, *_sum by sum, n_* by sum, all else by mean.
 
 Empty selections (no valid sequence, no A<0 sequence, ...) report 0 for every statistic and
 the count key (n_seq, n_pos, n_neg) says how many entries the statistic was taken over, so no
@@ -41,6 +41,21 @@ from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
 
 KL_D_CLAMP = 20.0  # |d| is clamped to 20 (in k1 and k3) so that huge log-ratios keep k3 finite
 PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
+
+
+def metric_reduction(name: str) -> str:
+    """How a metric combines across micro-batches, mini-batches and processes: max | min | sum | mean.
+
+    By its name: ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` -> sum, a last path segment
+    starting with ``n_`` (a count, e.g. ``is/n_seq``) -> sum, anything else -> mean.
+    """
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
+        return "sum"
+    return "mean"
 
 
 @torch.no_grad()

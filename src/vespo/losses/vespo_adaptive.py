@@ -26,7 +26,8 @@ Two rules (``rule``), each per sign, (k0, lam0) = the configured (k_pos, lambda_
 A sign with fewer than two sequences keeps (k0, lam0) (no batch statistic to adapt to). The roots
 are found on detached float64 tensors by a fixed number of grid refinements (a 16-ary bisection:
 8 passes of 16 points narrow the bracket by 15^8 = 2.6e9, then linear interpolation), vectorized
-over both signs: no host sync, no extra forward pass, about a hundred small kernels on [2, 16, B]. The loss itself is then VESPO's with that shape:
+over both signs: no host sync, no extra forward pass, about a hundred small kernels on [2, 16, B].
+The loss itself is then VESPO's with that shape:
 
     L = agg( -sg[phi(W_i)] * A_i * logp_it )
 
