@@ -7,8 +7,9 @@ Trains fixed VESPO (the config's `base` section, staleness.n = --n) once per see
 every loss call the log W its kernel used and the sign of each sequence's advantage. On the
 stale calls (lag >= 1; at lag 0 W = 1 exactly and every kernel shape gives phi = 1) it prints:
 
-  - per sign, the budget C for which the median call's lam (rule budget, k fixed) is the paper's
-    lam (3 for A >= 0, 2 for A < 0), found by bisection on C (the median lam falls as C rises);
+  - per sign, the budget C for which the median lam (rule budget, k fixed) over the calls where the
+    rule runs (>= 2 sequences of that sign, W not all equal) is the paper's lam (3 for A >= 0, 2 for
+    A < 0), found by bisection on C (the median lam falls as C rises);
   - the quantiles of lam over the calls at the default budgets, and how often a bound binds;
   - the quantiles of the paper kernel's coefficient ESS per sign (what rule ess compares to its target).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ from vespo.losses.diagnostics import effective_sample_size
 from vespo.losses.kernel import sign_groups, sign_log_phi
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.vespo import vespo_log_weight
-from vespo.losses.vespo_adaptive import budget_lambda
+from vespo.losses.vespo_adaptive import adapt_shape
 
 PAPER = {0: (2.0, 3.0), 1: (3.0, 2.0)}  # row 0: A >= 0, row 1: A < 0
 CALLS: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log W [B], groups [2, B]) per loss call
@@ -59,21 +61,23 @@ def record_run(config: Path, n: int, seed: int, steps: int, out: Path) -> list[t
     return [call for j, call in enumerate(CALLS[start:]) if j % n != 0]  # lag 0 (W = 1) left out
 
 
-def lambdas(calls, budget: list[float], cfg: VespoAdaptiveConfig) -> torch.Tensor:
-    """lam per call and sign (rule budget) at ``budget``.  # [calls, 2]"""
-    k0 = torch.tensor([PAPER[0][0], PAPER[1][0]], dtype=torch.float64)
-    c = torch.tensor(budget, dtype=torch.float64)
-    return torch.stack([budget_lambda(x, g, k0, c, cfg) for x, g in calls])
+def lambdas(calls, budget: list[float], cfg: VespoAdaptiveConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """lam per call and sign (rule budget) at ``budget``, and whether the rule ran there.  # [calls, 2] each"""
+    cfg = replace(cfg, budget_pos=budget[0], budget_neg=budget[1])
+    shapes = [adapt_shape(x, g, cfg) for x, g in calls]
+    lam = torch.stack([lam for _, lam, _ in shapes])
+    adapted = torch.stack([torch.stack([m["vespo/adapted_pos"], m["vespo/adapted_neg"]]) > 0 for _, _, m in shapes])
+    return lam, adapted
 
 
 def median_budget(calls, row: int, wide: VespoAdaptiveConfig) -> float:
-    """The C for which the median lam of the calls with >= 2 sequences of that sign is the paper's lam."""
-    usable = torch.tensor([bool(g[row].sum() >= 2) for _, g in calls])
+    """The C for which the median lam of the calls where the rule ran (>= 2 sequences of that sign with
+    unequal W) is the paper's lam."""
     lo, hi = 0.5, 2.0
     for _ in range(40):
         mid = (lo + hi) / 2
-        median = lambdas(calls, [mid, mid], wide)[usable, row].median()
-        lo, hi = (mid, hi) if median > PAPER[row][1] else (lo, mid)
+        lam, adapted = lambdas(calls, [mid, mid], wide)
+        lo, hi = (mid, hi) if lam[adapted[:, row], row].median() > PAPER[row][1] else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -88,17 +92,18 @@ def report(calls) -> None:
     print(f"{len(calls)} stale loss calls (lag >= 1)")
     for row, sign in enumerate(("A >= 0", "A < 0")):
         print(f"{sign}: budget giving the median call lam = {PAPER[row][1]}: C = {median_budget(calls, row, wide):.4f}")
-    lam = lambdas(calls, [default.budget_pos, default.budget_neg], default)
+    lam, adapted = lambdas(calls, [default.budget_pos, default.budget_neg], default)
     k0 = torch.tensor([PAPER[0][0], PAPER[1][0]], dtype=torch.float64)
     lam0 = torch.tensor([PAPER[0][1], PAPER[1][1]], dtype=torch.float64)
     ess = torch.stack([effective_sample_size(sign_log_phi(x, k0, lam0), g) for x, g in calls])  # [calls, 2]
     for row, sign in enumerate(("A >= 0", "A < 0")):
-        usable = torch.tensor([bool(g[row].sum() >= 2) for _, g in calls])
-        lr = lam[usable, row]
+        ran = adapted[:, row]
+        lr = lam[ran, row]
         at_min, at_max = (lr <= default.lambda_min).double().mean(), (lr >= default.lambda_max).double().mean()
-        print(f"{sign}: lam at the defaults: {quantiles(lr)}; at lambda_min {at_min:.2f}, at lambda_max {at_max:.2f}")
-        e = ess[usable, row]
-        print(f"{sign}: paper kernel's coefficient ESS: {quantiles(e)}; below {default.ess_target}: "
+        print(f"{sign}: the rule ran on {int(ran.sum())} calls; lam there: {quantiles(lr)}; "
+              f"at lambda_min {at_min:.2f}, at lambda_max {at_max:.2f}")
+        e = ess[ran, row]
+        print(f"{sign}: paper kernel's coefficient ESS on those calls: {quantiles(e)}; below {default.ess_target}: "
               f"{(e < default.ess_target).double().mean():.3f}")
 
 

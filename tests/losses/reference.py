@@ -242,7 +242,7 @@ def adaptive_shape(logp, old, adv, mask, cfg, rollout):
     shape = {}
     for sign, xs in members.items():
         k0, lam0 = base[sign]
-        if len(xs) < 2:
+        if len(xs) < 2 or min(xs) == max(xs):  # nothing to adapt to: the base shape
             shape[sign] = (k0, lam0)
         elif cfg.rule == "budget":
             # decreasing in lam; lam_min if the budget holds there, lam_max if it fails there

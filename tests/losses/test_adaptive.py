@@ -103,6 +103,15 @@ def test_ess_rule_by_hand():
     torch.testing.assert_close(grad, torch.tensor(expected, dtype=torch.float64), rtol=1e-10, atol=0)
 
 
+def test_a_sign_whose_weights_are_all_equal_keeps_the_base_shape():
+    # A >= 0: W = 1 twice (lag 0); A < 0: W = e^0.2 twice. E_Q[W]^ = W and ESS = 1 whatever the shape.
+    batch = two_token_batch([0.0, 0.0, 0.2, 0.2, 0.5], [1.0, 2.0, -1.0, -1.0, 1.0])
+    batch = {k: v[:4] for k, v in batch.items()}
+    out, _ = run("vespo_adaptive", batch, VespoAdaptiveConfig(budget_pos=0.5, budget_neg=0.5))
+    assert chosen(out.metrics) == {"pos": (2.0, 3.0), "neg": (3.0, 2.0)}
+    assert out.metrics["vespo/adapted_pos"].item() == 0.0 and out.metrics["vespo/adapted_neg"].item() == 0.0
+
+
 def test_a_sign_with_fewer_than_two_sequences_keeps_the_base_shape():
     batch = two_token_batch([0.3, -0.4, 0.9, 0.1], [1.0, -1.0, -1.0, -2.0])  # one A >= 0 sequence
     for rule in ("budget", "ess"):
@@ -203,6 +212,9 @@ def test_rules_hold_on_the_chosen_shape(xs, spread, budget, k0, lam0, target):
     cfg = VespoAdaptiveConfig(k_pos=k0, lambda_pos=lam0, budget_pos=budget, ess_target=target)
     k, lam, _ = adapt_shape(x, groups, cfg)
     values, tol = x.tolist(), 1e-7
+    if min(values) == max(values):  # no spread: nothing to adapt to, the base shape
+        assert (k[0].item(), lam[0].item()) == (k0, lam0)
+        return
     lam_pos = lam[0].item()
     assert k[0].item() == k0 and cfg.lambda_min <= lam_pos <= cfg.lambda_max
     e = eq_w(values, k0, lam_pos)

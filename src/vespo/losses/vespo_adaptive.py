@@ -23,7 +23,8 @@ Two rules (``rule``), each per sign, (k0, lam0) = the configured (k_pos, lambda_
              (d log ESS / d s = 2 (E_{p_s}[g] - E_{p_2s}[g]) <= 0 with g = log phi, p_s ~ phi^s:
              ESS only falls as the kernel sharpens, so s is the sharpest scale that keeps the target)
 
-A sign with fewer than two sequences keeps (k0, lam0) (no batch statistic to adapt to). The roots
+A sign with fewer than two sequences, or whose sequences all have the same W (at lag 0, W = 1
+exactly; E_Q[W]^ and ESS then do not depend on the shape), keeps (k0, lam0). The roots
 are found on detached float64 tensors by a fixed number of grid refinements (a 16-ary bisection:
 8 passes of 16 points narrow the bracket by 15^8 = 2.6e9, then linear interpolation), vectorized
 over both signs: no host sync, no extra forward pass, about a hundred small kernels on [2, 16, B].
@@ -53,7 +54,7 @@ from vespo.losses.vespo import VespoConfig, kernel_loss, vespo_log_weight
 from vespo.types import LossOutput
 
 RULES: tuple[str, ...] = ("budget", "ess")
-MIN_SEQUENCES = 2  # a sign with fewer sequences keeps the configured kernel
+MIN_SEQUENCES = 2  # a sign with fewer sequences (or no spread in W) keeps the configured kernel
 SOLVER_POINTS = 16  # grid points per refinement pass
 SOLVER_PASSES = 8  # refinement passes: the bracket shrinks by (SOLVER_POINTS - 1) ** SOLVER_PASSES = 2.6e9
 
@@ -126,7 +127,7 @@ def adapt_shape(log_w: Tensor, groups: Tensor, cfg: VespoAdaptiveConfig) -> tupl
         scale = ess_scale(x, groups, k0, lam0, cfg)  # [2]
         k, lam = scale * k0, scale * lam0
         extra = {"vespo/phi_ess_target": x.new_tensor(cfg.ess_target)}
-    adapted = groups.sum(dim=-1) >= MIN_SEQUENCES  # [2]
+    adapted = (groups.sum(dim=-1) >= MIN_SEQUENCES) & has_spread(x, groups)  # [2]
     k, lam = torch.where(adapted, k, k0), torch.where(adapted, lam, lam0)
     metrics = dict(extra)
     for row, sign in enumerate(SIGN_NAMES):
@@ -136,6 +137,16 @@ def adapt_shape(log_w: Tensor, groups: Tensor, cfg: VespoAdaptiveConfig) -> tupl
         if cfg.rule == "ess":
             metrics[f"vespo/scale_{sign}"] = torch.where(adapted[row], scale[row], x.new_ones(()))
     return k, lam, {key: value.to(log_w.dtype) for key, value in metrics.items()}
+
+
+def has_spread(x: Tensor, groups: Tensor) -> Tensor:
+    """Whether the log-weights ``x [B]`` of each sign's sequences ``groups [2, B]`` are not all equal.  # [2]"""
+    if x.numel() == 0:
+        return groups.new_zeros(2)
+    inf = x.new_tensor(float("inf"))
+    hi = torch.where(groups, x, -inf).amax(dim=-1)  # [2]
+    lo = torch.where(groups, x, inf).amin(dim=-1)
+    return hi > lo
 
 
 def budget_lambda(x: Tensor, groups: Tensor, k: Tensor, budget: Tensor, cfg: VespoAdaptiveConfig) -> Tensor:
