@@ -44,7 +44,7 @@ def make_inputs(B: int, T: int, device: str) -> dict[str, Tensor]:
     return {k: v.to(device) for k, v in dict(logp=logp, old_logp=old_logp, advantages=adv, mask=mask).items()}
 
 
-# ---------------------------------------------------------------- plain references (SPEC §1-§2)
+# ---------------------------------------------------------------- plain references (the papers' formulas)
 
 
 def plain_base(logp, old_logp, adv, mask, cfg):
@@ -60,6 +60,51 @@ def plain_vespo(logp, old_logp, adv, mask, cfg):
     lam = torch.where(pos, cfg.lambda_pos, cfg.lambda_neg).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(0.0, 0.0, 0.0)  # [B]
     return -((phi * adv)[:, None] * logp * m).sum() / m.sum()
+
+
+def plain_vespo_adaptive(logp, old_logp, adv, mask, cfg):
+    """VESPO with (k, lam) per sign by the rule, each root by 60 steps of scalar bisection (host-synchronous)."""
+    m = mask.to(logp.dtype)
+    log_w = ((logp - old_logp).detach().clamp(-20, 20) * m).sum(-1).clamp(LOG_W_MIN, 20)  # [B]
+    shape = {}
+    for sign, rows, k0, lam0, c in ((1, adv >= 0, cfg.k_pos, cfg.lambda_pos, cfg.budget_pos),
+                                    (-1, adv < 0, cfg.k_neg, cfg.lambda_neg, cfg.budget_neg)):
+        x = log_w[rows].double()
+        if len(x) < 2:
+            shape[sign] = (k0, lam0)
+        elif cfg.rule == "budget":
+            def excess(lam):
+                return (torch.softmax(k0 * x - lam * x.exp(), 0) * x.exp()).sum().item() - c
+            lam = _bisect(lambda u: excess(math.exp(u)), math.log(cfg.lambda_min), math.log(cfg.lambda_max),
+                          lo_first=True)
+            shape[sign] = (k0, math.exp(lam))
+        else:
+            g = k0 * x + lam0 * (1 - x.exp())  # log phi at the base shape
+
+            def excess(s):
+                return (2 * torch.logsumexp(s * g, 0) - torch.logsumexp(2 * s * g, 0)).exp().item() / len(x) - cfg.ess_target
+            s = _bisect(excess, cfg.scale_min, cfg.scale_max, lo_first=False)
+            shape[sign] = (s * k0, s * lam0)
+    pos = adv >= 0
+    k = torch.where(pos, shape[1][0], shape[-1][0])
+    lam = torch.where(pos, shape[1][1], shape[-1][1]).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(0.0, 0.0, 0.0)  # [B]
+    return -((phi * adv)[:, None] * logp * m).sum() / m.sum()
+
+
+def _bisect(excess, lo, hi, lo_first):
+    """Root of a decreasing ``excess`` in [lo, hi]; an end where the rule holds wins (lo first for the budget)."""
+    f_lo, f_hi = excess(lo), excess(hi)
+    if lo_first and f_lo <= 0:
+        return lo
+    if f_hi >= 0 and (not lo_first or f_hi > 0):
+        return hi
+    if f_lo < 0:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def plain_grpo(logp, old_logp, adv, mask, cfg):
@@ -106,6 +151,7 @@ PLAIN: dict[str, Callable] = {
     "reinforce": plain_reinforce,
     "sapo": plain_sapo,
     "vespo": plain_vespo,
+    "vespo_adaptive": plain_vespo_adaptive,
 }
 
 # ---------------------------------------------------------------- timing

@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+from losses.reference import adaptive_shape  # tests/ is on sys.path (rootdir import mode)
 
-from vespo.kernels import kernel_curves, main
+from vespo.kernels import kernel_curves, main, stale_batch
+from vespo.losses.vespo_adaptive import VespoAdaptiveConfig
 
 T = 8
 
@@ -50,8 +52,27 @@ def test_cli_writes_png_and_csv(tmp_path):
     png, table = tmp_path / "k" / "kernels.png", tmp_path / "k" / "kernels.csv"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader(table.open()))
-    assert len(rows) == 6 * 2 * 9 and {r["adv_sign"] for r in rows} == {"+", "-"}
+    assert len(rows) == (6 + 2) * 2 * 9 and {r["adv_sign"] for r in rows} == {"+", "-"}
+    assert {r["loss"] for r in rows} >= {"vespo", "vespo_adaptive:budget", "vespo_adaptive:ess"}
     vespo_at_1 = [r for r in rows if r["loss"] == "vespo" and math.isclose(float(r["W"]), 1.0)]
     assert all(float(r["coef"]) == pytest.approx(1.0) for r in vespo_at_1) and len(vespo_at_1) == 2
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--T", "0"])
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--stale-n", "1"])
+
+
+@pytest.mark.parametrize("rule", ["budget", "ess"])
+def test_adapted_kernel_is_phi_at_the_shape_the_reference_chooses_for_the_stale_batch(curves, rule):
+    """The drawn vespo_adaptive curve is phi with the (k, lam) the float64 reference picks on the same stale
+    batch, and it differs from the fixed kernel there."""
+    batch = {k: v.tolist() for k, v in stale_batch(2.0, 16, T).items()}
+    adv = [[a] * T for a in batch["advantages"]]
+    shape = adaptive_shape(batch["logp"], batch["old_logp"], adv, batch["mask"], VespoAdaptiveConfig(rule=rule), None)
+    moved = 0
+    for sign, key in ((1.0, "pos"), (-1.0, "neg")):
+        W, coef = curves[(f"vespo_adaptive:{rule}", sign)]
+        k, lam = shape[key]
+        torch.testing.assert_close(coef, W**k * torch.exp(lam * (1 - W)), rtol=1e-8, atol=1e-14)
+        moved += not torch.allclose(coef, curves[("vespo", sign)][1], rtol=1e-3)
+    assert moved >= 1

@@ -6,7 +6,12 @@ for each W on a grid, one sequence of T tokens with a uniform per-token ratio r 
 A = +1 or -1, aggregated as a plain token sum, and c = -(dL/dlogp) / A. For VESPO c = phi(W); for
 REINFORCE with token IS c = r; for GRPO c drops to 0 where the clip binds.
 
-    vespo kernels --out DIR [--T 16] [--w-min 1e-3] [--w-max 1e3] [--points 241]
+vespo_adaptive chooses its kernel from the batch it sees, so it is drawn for a stale batch: n
+sequences per sign with log W ~ N(-sigma^2/2, sigma^2) (E[W] = 1; sigma = --stale-sigma, seeded).
+Each rule's loss runs on that batch, and the (k, lambda) it reports is then measured like the
+others through VESPO's loss: curves `vespo_adaptive:budget` and `vespo_adaptive:ess`.
+
+    vespo kernels --out DIR [--T 16] [--w-min 1e-3] [--w-max 1e3] [--points 241] [--stale-sigma 2] [--stale-n 16]
 
 writes DIR/kernels.png (A > 0 and A < 0 side by side) and DIR/kernels.csv (loss, adv_sign, T, W, coef).
 """
@@ -24,18 +29,55 @@ import torch
 KERNEL_AGG = "seq-mean-token-sum"  # with normalizer 1 the loss is the plain sum over tokens
 
 
-def kernel_curves(T: int = 16, w_min: float = 1e-3, w_max: float = 1e3, points: int = 241) -> dict:
-    """{(loss, sign): (W [points], coef [points])} for every registered loss and both advantage signs."""
+ADAPTIVE = "vespo_adaptive"  # drawn per rule for a stale batch, not on the grid itself
+
+
+def kernel_curves(T: int = 16, w_min: float = 1e-3, w_max: float = 1e3, points: int = 241,
+                  stale_sigma: float = 2.0, stale_n: int = 16) -> dict:
+    """{(loss, sign): (W [points], coef [points])} for every registered loss and both advantage signs.
+
+    vespo_adaptive appears once per rule, as ("vespo_adaptive:<rule>", sign), adapted to the stale
+    batch of :func:`stale_batch`.
+    """
     from vespo.losses import get_loss, loss_names
 
     W = torch.logspace(math.log10(w_min), math.log10(w_max), points, dtype=torch.float64)  # [P]
     curves = {}
     for name in loss_names():
+        if name == ADAPTIVE:
+            continue
         spec = get_loss(name)
         cfg = replace(spec.config_cls(), agg=KERNEL_AGG)
         for sign in (1.0, -1.0):
             curves[(name, sign)] = (W, _coefficient(spec.fn, cfg, W, T, sign))
+    for rule, cfg in adapted_configs(stale_batch(stale_sigma, stale_n, T)).items():
+        for sign in (1.0, -1.0):
+            curves[(f"{ADAPTIVE}:{rule}", sign)] = (W, _coefficient(get_loss("vespo").fn, cfg, W, T, sign))
     return curves
+
+
+def stale_batch(sigma: float, n: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Loss inputs of n sequences per sign (A = +1, then -1) of T tokens, log W ~ N(-sigma^2/2, sigma^2)."""
+    g = torch.Generator().manual_seed(seed)
+    log_w = -sigma**2 / 2 + sigma * torch.randn(2 * n, generator=g, dtype=torch.float64)  # [2n]
+    old_logp = torch.full((2 * n, T), -1.0, dtype=torch.float64)  # [2n, T]
+    return {"logp": old_logp + (log_w / T)[:, None], "old_logp": old_logp,
+            "advantages": torch.cat([torch.ones(n), -torch.ones(n)]).double(),
+            "mask": torch.ones(2 * n, T, dtype=torch.bool)}
+
+
+def adapted_configs(batch: dict[str, torch.Tensor]) -> dict:
+    """{rule: VespoConfig with the (k, lambda) vespo_adaptive's rule chose on ``batch``, aggregated as a token sum}."""
+    from vespo.losses import get_loss
+    from vespo.losses.vespo_adaptive import RULES
+
+    spec, vespo = get_loss(ADAPTIVE), get_loss("vespo")
+    configs = {}
+    for rule in RULES:
+        m = spec.fn(cfg=spec.config_cls(rule=rule), **batch).metrics
+        shape = {f"{p}_{sign}": float(m[f"vespo/{p}_{sign}"]) for p in ("k", "lambda") for sign in ("pos", "neg")}
+        configs[rule] = vespo.config_cls(agg=KERNEL_AGG, **shape)
+    return configs
 
 
 def _coefficient(fn, cfg, W: torch.Tensor, T: int, sign: float) -> torch.Tensor:
@@ -58,7 +100,7 @@ def write_csv(curves: dict, T: int, path: Path) -> None:
                 writer.writerow([name, "+" if sign > 0 else "-", T, f"{w:.6g}", f"{c:.6g}"])
 
 
-def plot(curves: dict, T: int, path: Path) -> None:
+def plot(curves: dict, T: int, path: Path, stale_sigma: float = 2.0, stale_n: int = 16) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,11 +109,12 @@ def plot(curves: dict, T: int, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
     names = sorted({name for name, _ in curves})
     colors = dict(zip(names, plt.get_cmap("tab10").colors))
-    dashes = dict(zip(names, ["-", (0, (5, 2)), "-", (0, (1, 1.5)), (0, (6, 2, 1, 2)), "-"]))  # overlaps stay visible
+    dashes = dict(zip(names, ["-", (0, (5, 2)), "-", (0, (1, 1.5)), (0, (6, 2, 1, 2)), "-", (0, (3, 1)),
+                              (0, (1, 1))]))  # overlaps stay visible
     for ax, sign in zip(axes, (1.0, -1.0)):
         for name in names:
             W, coef = curves[(name, sign)]
-            style = {"linewidth": 2.6} if name == "vespo" else {"linewidth": 1.5, "alpha": 0.85}
+            style = {"linewidth": 2.6} if name.startswith("vespo") else {"linewidth": 1.5, "alpha": 0.85}
             ax.plot(W.numpy(), coef.numpy(), label=name, color=colors[name], linestyle=dashes[name], **style)
         ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xscale("log")
@@ -80,7 +123,9 @@ def plot(curves: dict, T: int, path: Path) -> None:
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("effective coefficient on ∇log π")
     axes[0].legend(loc="upper left", fontsize=9)
-    fig.suptitle(f"How each loss weights a sample by its staleness (token-level losses at r = W^(1/{T}))")
+    fig.suptitle(f"How each loss weights a sample by its staleness (token-level losses at r = W^(1/{T}));\n"
+                 f"vespo_adaptive as adapted to a stale batch of {stale_n} sequences per sign, "
+                 f"log W ~ N(-σ²/2, σ²), σ = {stale_sigma:g}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -93,12 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--w-min", type=float, default=1e-3, help="smallest W on the grid (> 0)")
     parser.add_argument("--w-max", type=float, default=1e3, help="largest W on the grid (> w-min)")
     parser.add_argument("--points", type=int, default=241, help="grid points (>= 2)")
+    parser.add_argument("--stale-sigma", type=float, default=2.0,
+                        help="std of log W in the stale batch vespo_adaptive adapts to (> 0)")
+    parser.add_argument("--stale-n", type=int, default=16, help="sequences per advantage sign in that batch (>= 2)")
     args = parser.parse_args(argv)
     if args.T < 1 or args.points < 2 or not (0 < args.w_min < args.w_max):
         parser.error("need --T >= 1, --points >= 2 and 0 < --w-min < --w-max")
-    curves = kernel_curves(args.T, args.w_min, args.w_max, args.points)
+    if not (args.stale_sigma > 0 and math.isfinite(args.stale_sigma)) or args.stale_n < 2:
+        parser.error("need --stale-sigma > 0 and --stale-n >= 2")
+    curves = kernel_curves(args.T, args.w_min, args.w_max, args.points, args.stale_sigma, args.stale_n)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(curves, args.T, args.out / "kernels.csv")
-    plot(curves, args.T, args.out / "kernels.png")
+    plot(curves, args.T, args.out / "kernels.png", args.stale_sigma, args.stale_n)
     print(f"wrote {args.out / 'kernels.png'} and {args.out / 'kernels.csv'}")
     return 0

@@ -3,9 +3,20 @@
 The model (Qwen3 "nano") and the character tokenizer are built from configs, no hub access. One
 generation batch of 8 completions is split into 2 optimizer steps (steps_per_generation=2), so
 TRL computes old log-probs and the second step is off-policy.
+
+vLLM does not run here, so the tests of TRL's vLLM importance-sampling correction give a real
+batch the sampler log-probs vLLM would have returned (TRL's `sampling_per_token_logps`, differing
+from the trainer's) and the ratio TRL forms from them (`importance_sampling_ratio`, computed below
+as TRL 1.16's `_generate_and_score_completions` does), and switch the correction on
+(`use_vllm`, `vllm_importance_sampling_*`); TRL's own loss code then runs as shipped. They compare
+twice: through the model (float32; the model's own backward adds float32 rounding to the parameter
+gradients), and in float64 on the log-probs themselves, where the gradient dL/dlogp of both losses
+must agree to 1e-9.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -15,7 +26,7 @@ datasets = pytest.importorskip("datasets")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from vespo.integrations.trl import VespoGRPOTrainer, _check_supported  # noqa: E402
+from vespo.integrations.trl import VespoGRPOTrainer, _check_supported, trl_rollout_correction  # noqa: E402
 from vespo.losses import get_loss  # noqa: E402
 from vespo.models import build_char_tokenizer, tiny_model  # noqa: E402
 
@@ -110,3 +121,170 @@ def test_rejects_options_the_hook_does_not_apply(tmp_path):
         _check_supported(args)
     with pytest.raises(TypeError, match="loss_config for loss 'vespo' must be a VespoConfig"):
         make_trainer(tmp_path, loss_config=get_loss("grpo").config_cls())
+
+
+# ---- TRL's vLLM importance-sampling correction -------------------------------------------------------
+
+IS_MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+CLIP_MAX = 2.0  # low enough that truncation and masking bind on this batch
+
+
+def trl_is_ratio(old_logp, sampling_logp, mask, mode, clip_max):
+    """TRL 1.16's importance_sampling_ratio: exp((old - sampling) * mask), NaN -> ratio 1, per token or
+    summed per sequence, then clipped above at clip_max (truncate) or zeroed above it (mask)."""
+    diff = torch.nan_to_num((old_logp - sampling_logp) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, max=clip_max)
+    return ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+def vllm_batch(trainer, mode):
+    """A real batch in float64 with sampler log-probs differing from the trainer's, and TRL's ratio for ``mode``."""
+    batch = _batch(trainer)
+    batch["advantages"] = torch.tensor([0.7, -1.2, 0.4, -0.3])  # every sequence carries gradient
+    g = torch.Generator().manual_seed(4)
+    mask = batch["completion_mask"].float()
+    noise = 0.5 * torch.randn(mask.shape, generator=g)  # [B, T]
+    noise[1] = 0.0
+    noise[1, 0] = -1.5  # sequence 1: pi_old / pi_sampler = e^1.5 > CLIP_MAX on its first token and as a whole
+    sampling = batch["old_per_token_logps"] + noise * mask
+    sampling[0, 0] = math.nan  # a log-prob vLLM did not return: TRL counts its ratio as 1
+    batch["sampling_per_token_logps"] = sampling
+    batch["importance_sampling_ratio"] = trl_is_ratio(batch["old_per_token_logps"], sampling, mask, mode, CLIP_MAX)
+    return batch
+
+
+@pytest.fixture
+def vllm_on(trained, monkeypatch):
+    """The trained trainer with TRL's vLLM IS correction switched on; returns its model."""
+    trainer, _ = trained
+    monkeypatch.setattr(trainer, "use_vllm", True)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", True)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_clip_max", CLIP_MAX)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_clip_min", None)
+    return trainer.model
+
+
+# (TRL loss_type, vespo loss, vespo options, TRL attributes): the same loss on both sides.
+# TRL's CISPO bound is epsilon_high itself; its SAPO temperatures are float32, so 1.0625 stands for 1.05.
+PAIRS = {
+    "vespo": ("vespo", "vespo", {}, {}),
+    "dapo": ("dapo", "grpo", {"dual_clip_c": None}, {}),
+    "cispo": ("cispo", "cispo", {}, {"epsilon_high": 5.0}),
+    "sapo": ("sapo", "sapo", {"tau_neg": 1.0625}, {"args.sapo_temperature_neg": 1.0625}),
+}
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_vllm_is_correction_matches_trl_builtin(trained, vllm_on, monkeypatch, mode, pair):
+    """With TRL's IS correction on and sampler log-probs that differ from the trainer's, the adapter's loss
+    and gradient equal TRL's built-in loss to 1e-6: VESPO folds log ratio into log W, the others multiply."""
+    trainer, _ = trained
+    model = vllm_on
+    trl_type, name, options, trl_attrs = PAIRS[pair]
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", mode)
+    monkeypatch.setattr(trainer, "loss_type", trl_type)
+    for attr, value in trl_attrs.items():
+        owner, attr = (trainer.args, attr[5:]) if attr.startswith("args.") else (trainer, attr)
+        monkeypatch.setattr(owner, attr, value)
+    monkeypatch.setattr(trainer, "vespo_spec", get_loss(name))
+    monkeypatch.setattr(trainer, "vespo_config", get_loss(name).config_cls(**options))
+    batch = vllm_batch(trainer, mode)
+    ratio = batch["importance_sampling_ratio"]
+    assert ((ratio != 1.0) & (ratio > 0)).any() and (ratio == (CLIP_MAX if mode.endswith("truncate") else 0.0)).any()
+    params = [p for p in model.parameters() if p.requires_grad]
+    ours = trainer._compute_loss(model, batch)
+    builtin = GRPOTrainer._compute_loss(trainer, model, batch)
+    torch.testing.assert_close(ours, builtin, rtol=1e-6, atol=0)
+    g_ours = torch.autograd.grad(ours, params)
+    g_builtin = torch.autograd.grad(GRPOTrainer._compute_loss(trainer, model, batch), params)
+    for a, b in zip(g_ours, g_builtin):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()  # float32 backward through the model
+    loss64, grad64, ref64, ref_grad64 = float64_losses(trainer, model, batch, mode, monkeypatch)
+    torch.testing.assert_close(loss64, ref64, rtol=1e-9, atol=0)
+    torch.testing.assert_close(grad64, ref_grad64, rtol=1e-9, atol=1e-15)
+    assert grad64.abs().max() > 0
+    monkeypatch.setattr(trainer, "use_vllm", False)  # the same batch without the correction: another loss
+    uncorrected = trainer._compute_loss(model, batch)
+    assert not torch.allclose(uncorrected, ours, rtol=1e-4)
+
+
+def float64_losses(trainer, model, batch, mode, monkeypatch):
+    """Both losses and their gradients dL/dlogp [B, T] on the model's log-probs cast to a float64 leaf
+    (and TRL's ratio formed again in float64)."""
+    with torch.no_grad():
+        logp = trainer._policy_logps(model, batch)[0].double()  # [B, T]
+    batch = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+    batch["importance_sampling_ratio"] = trl_is_ratio(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
+                                                      batch["completion_mask"].double(), mode, CLIP_MAX)
+    out = []
+    for compute in (trainer._compute_loss, lambda m, b: GRPOTrainer._compute_loss(trainer, m, b)):
+        leaf = logp.clone().requires_grad_(True)
+        monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies",
+                            lambda *a, leaf=leaf, **k: (leaf, torch.zeros_like(leaf), None))
+        loss = compute(model, batch)
+        out += [loss, torch.autograd.grad(loss, leaf)[0]]
+    monkeypatch.delattr(trainer, "_get_per_token_logps_and_entropies")
+    return out
+
+
+def test_vllm_correction_settings_map_and_conflicts_fail(trained, vllm_on, monkeypatch):
+    trainer, _ = trained
+    expected = {"token_truncate": "tis_token", "token_mask": "mis_token", "sequence_truncate": "tis_seq",
+                "sequence_mask": "mis_seq"}
+    for mode, ours in expected.items():
+        monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", mode)
+        correction = trl_rollout_correction(trainer)
+        assert (correction.mode, correction.threshold) == (ours, CLIP_MAX)
+    batch = vllm_batch(trainer, "token_mask")
+    monkeypatch.setattr(trainer, "vespo_config", get_loss("vespo").config_cls(rollout_correction={"mode": "tis_seq"}))
+    with pytest.raises(ValueError, match="would correct a second time"):
+        trainer._compute_loss(vllm_on, batch)
+    monkeypatch.setattr(trainer, "vespo_config", get_loss("vespo").config_cls())
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_clip_min", 0.5)
+    with pytest.raises(ValueError, match="GRPOConfig.vllm_importance_sampling_clip_min=0.5 is not supported"):
+        trainer._compute_loss(vllm_on, batch)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_clip_min", None)
+    del batch["sampling_per_token_logps"]
+    with pytest.raises(ValueError, match="has no sampling_per_token_logps"):
+        trainer._compute_loss(vllm_on, batch)
+
+
+def test_sampler_gap_reported_without_trl_correction(trained, vllm_on, monkeypatch):
+    """With TRL's correction off the sampler log-probs still reach the loss: rollout/k1 measures the gap."""
+    trainer, _ = trained
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", False)
+    batch = vllm_batch(trainer, "token_truncate")
+    trainer._metrics["train"].clear()
+    trainer._compute_loss(vllm_on, batch)
+    mask = batch["completion_mask"].bool()
+    d = torch.nan_to_num(batch["sampling_per_token_logps"] - batch["old_per_token_logps"], nan=0.0)[mask]
+    assert trainer._metrics["train"]["rollout/k1"][-1] == pytest.approx(d.mean().item(), rel=1e-6)
+
+
+def test_adaptive_vespo_runs_in_trl(trained, vllm_on, monkeypatch):
+    """vespo_adaptive through the hook: with its ESS target at 0 it is VESPO, so it equals TRL's built-in vespo."""
+    trainer, _ = trained
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", "token_mask")
+    monkeypatch.setattr(trainer, "loss_type", "vespo")
+    batch = vllm_batch(trainer, "token_mask")
+    spec = get_loss("vespo_adaptive")
+    monkeypatch.setattr(trainer, "vespo_spec", spec)
+    monkeypatch.setattr(trainer, "vespo_config", spec.config_cls(rule="ess", ess_target=0.0))
+    ours, builtin = trainer._compute_loss(vllm_on, batch), GRPOTrainer._compute_loss(trainer, vllm_on, batch)
+    torch.testing.assert_close(ours, builtin, rtol=1e-6, atol=0)
+    monkeypatch.setattr(trainer, "vespo_config", spec.config_cls())  # the budget rule: a loss of its own
+    assert torch.isfinite(trainer._compute_loss(vllm_on, batch))
+    assert "vespo/lambda_pos" in trainer._metrics["train"]
+
+
+def test_adaptive_vespo_takes_trl_kernel_arguments(tmp_path):
+    trainer = make_trainer(tmp_path, loss_name="vespo_adaptive")
+    assert type(trainer.vespo_config).__name__ == "VespoAdaptiveConfig"
+    assert (trainer.vespo_config.k_pos, trainer.vespo_config.lambda_neg) == (trainer.args.vespo_k_pos,
+                                                                             trainer.args.vespo_lambda_neg)
+

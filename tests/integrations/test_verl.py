@@ -36,7 +36,7 @@ def test_documented_overrides_register_and_configure_vespo(result):
 
 
 def test_other_losses_registered_without_replacing_verls(result):
-    for name in ("vespo_grpo", "vespo_gspo", "vespo_sapo", "vespo_cispo", "vespo_reinforce"):
+    for name in ("vespo_adaptive", "vespo_grpo", "vespo_gspo", "vespo_sapo", "vespo_cispo", "vespo_reinforce"):
         assert name in result["registry"]
     assert result["verl_gspo_module"] == "verl.trainer.ppo.core_algos"
 
@@ -49,9 +49,17 @@ def test_matches_float64_reference_with_verl_aggregation(result):
 
 
 def test_matches_vespo_losses_directly(result):
-    assert set(result["vespo_diff"]) == {"cispo", "grpo", "gspo", "reinforce", "sapo", "vespo"}
+    assert set(result["vespo_diff"]) == {"cispo", "grpo", "gspo", "reinforce", "sapo", "vespo", "vespo_adaptive"}
     assert max(result["vespo_diff"].values()) < 1e-12
 
+
+def test_adaptive_vespo_configured_from_hydra(result):
+    adaptive = result["adaptive"]
+    assert adaptive["options"] == {"rule": "ess", "ess_target": 0.9, "k_neg": 4.0}
+    assert adaptive["diff"] < 1e-12  # verl's [B, T] advantages: the same loss as vespo's with [B] advantages
+    assert adaptive["shape_diff"] < 1e-12
+    assert adaptive["differs_from_vespo"] > 1e-6  # the ESS rule did move the kernel on this stale batch
+    assert adaptive["shape"]["k_neg"] != 4.0 or adaptive["shape"]["k_pos"] != 2.0
 
 
 def test_misspelled_option_names_field_and_choices(result):

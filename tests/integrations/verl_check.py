@@ -4,10 +4,12 @@
 
 1. The documented Hydra overrides (loss_mode=vespo, policy_loss._target_=VespoPolicyLossConfig,
    +policy_loss.vespo.k_pos=...) build verl's actor config, and building it registers `vespo`.
-2. `get_policy_loss_fn("vespo")` on random inputs equals a float64 reference written from SPEC §1
+2. `get_policy_loss_fn("vespo")` on random inputs equals a float64 reference written from the paper's kernel
    and aggregated by verl's own `agg_loss`, for every verl aggregation mode, with and without
    data-parallel batch info, and with token- and sequence-level rollout correction weights.
 3. It equals vespo's own loss computed directly from vespo.losses; `vespo_<name>` likewise.
+4. `vespo_adaptive` takes its rule from `+policy_loss.vespo_adaptive.*` overrides and, with verl's
+   token-broadcast advantages [B, T], chooses the same shape as with sequence advantages [B].
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ VESPO_OPTIONS = {"k_pos": 1.5, "lambda_pos": 2.5, "k_neg": 3.5, "lambda_neg": 1.
 VERL_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
-def actor_config_from_hydra(extra: list[str] | None = None):
+def actor_config_from_hydra(extra: list[str] | None = None, loss_mode: str = "vespo"):
     """verl's actor config built from its own ppo_trainer.yaml with the documented overrides."""
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
 
     overrides = [
-        "actor_rollout_ref.actor.policy_loss.loss_mode=vespo",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
         "actor_rollout_ref.actor.policy_loss._target_=vespo.integrations.verl.VespoPolicyLossConfig",
         *[f"+actor_rollout_ref.actor.policy_loss.vespo.{k}={v}" for k, v in VESPO_OPTIONS.items()],
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -53,7 +55,7 @@ def random_batch(seed: int, B: int = 6, T: int = 7):
 
 
 def reference_phi(log_w: torch.Tensor, adv_seq: torch.Tensor) -> torch.Tensor:
-    """SPEC §1: log φ = λ + k·log W − λ·W with (k, λ) by the sign of A; log W clamped to [log 1e-8, 20]."""
+    """The paper's kernel log φ = λ + k·log W − λ·W, (k, λ) by the sign of A; log W clamped to [-18.42, 20]."""
     k = torch.where(adv_seq >= 0, VESPO_OPTIONS["k_pos"], VESPO_OPTIONS["k_neg"])
     lam = torch.where(adv_seq >= 0, VESPO_OPTIONS["lambda_pos"], VESPO_OPTIONS["lambda_neg"])
     log_w = log_w.clamp(math.log(1e-8), 20.0)
@@ -125,6 +127,35 @@ def check_against_vespo(config) -> dict[str, float]:
     return diffs
 
 
+ADAPTIVE_OPTIONS = {"rule": "ess", "ess_target": 0.9, "k_neg": 4.0}
+
+
+def check_adaptive() -> dict:
+    """vespo_adaptive configured through Hydra equals vespo.losses' own; [B, T] and [B] advantages agree."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    from vespo.losses import get_loss
+
+    overrides = [f"+actor_rollout_ref.actor.policy_loss.vespo_adaptive.{k}={v}" for k, v in ADAPTIVE_OPTIONS.items()]
+    config = actor_config_from_hydra(overrides, loss_mode="vespo_adaptive")
+    fn = get_policy_loss_fn("vespo_adaptive")
+    old, logp, adv, mask = random_batch(41, B=10)
+    old = old - 0.8 * torch.randn(old.shape, generator=torch.Generator().manual_seed(42), dtype=old.dtype)  # stale
+    ours, metrics = fn(old, logp, adv, mask, "token-mean", config, None)
+    spec = get_loss("vespo_adaptive")
+    cfg = spec.config_cls(**ADAPTIVE_OPTIONS)
+    direct = spec.fn(logp, old, adv[:, 0], mask.to(torch.float64), cfg)  # sequence advantages [B]
+    base = get_loss("vespo").fn(logp, old, adv[:, 0], mask.to(torch.float64), get_loss("vespo").config_cls(k_neg=4.0))
+    shape = {key: metrics[f"actor/vespo/{key}"] for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
+    return {
+        "options": dict(config.policy_loss.vespo_adaptive),
+        "diff": abs(ours.item() - direct.loss.item()),
+        "shape": shape,
+        "shape_diff": max(abs(shape[k] - direct.metrics[f"vespo/{k}"].item()) for k in shape),
+        "differs_from_vespo": abs(ours.item() - base.loss.item()),
+    }
+
+
 def unknown_option_error() -> str:
     """The error a misspelled option raises, as the user sees it."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -152,6 +183,7 @@ def main() -> None:
         "options": dict(config.policy_loss.vespo),
         "reference_diff": check_reference(fn, config),
         "vespo_diff": check_against_vespo(config),
+        "adaptive": check_adaptive(),
         "unknown_option_error": unknown_option_error(),
     }
     print(json.dumps(result))

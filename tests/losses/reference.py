@@ -1,4 +1,5 @@
-"""Independent float64 references of every policy loss, written from SPEC §1-§2 with the math module.
+"""Independent float64 references of every policy loss, written with the math module from the formulas of
+the VESPO paper (arXiv 2602.10693) and of the baselines it compares; adaptive VESPO's rules from docs/adaptive.md.
 
 Each reference walks the batch token by token in plain Python and returns the aggregated loss and
 its ANALYTIC gradient dL/dlogp_it (worked out by hand below, not by autograd), so a test comparing
@@ -9,6 +10,7 @@ lists: logp, old_logp, mask [B][T]; advantages [B] or [B][T]; rollout_logp [B][T
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 TOKEN_CLAMP = 20.0  # token log-ratios are clamped to +-20 before exp
 LOG_W_MIN, LOG_W_MAX = math.log(1e-8), 20.0  # official clamp of VESPO's log W
@@ -21,7 +23,7 @@ def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None,
     adv = [[_adv(advantages, i, t) for t in range(T)] for i in range(B)]
     weight = _agg_weights(mask, cfg.agg, normalizer)
     rc = cfg.rollout_correction
-    corr = _correction_weights(old_logp, rollout_logp, mask, rc) if name != "vespo" else None
+    corr = _correction_weights(old_logp, rollout_logp, mask, rc) if not name.startswith("vespo") else None
     per_token = TOKEN_FNS[name](logp, old_logp, adv, mask, cfg, rollout_logp)
     loss, grad = 0.0, [[0.0] * T for _ in range(B)]
     for i in range(B):
@@ -187,11 +189,7 @@ def _cispo(logp, old, adv, mask, cfg, rollout):
 def _vespo(logp, old, adv, mask, cfg, rollout):
     out = []
     for i, row in enumerate(logp):
-        n = sum(1 for m in mask[i] if m)
-        log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
-        log_w += _correction_log_w(old, rollout, mask, cfg.rollout_correction, i)
-        log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
-        log_w = min(max(log_w, LOG_W_MIN), LOG_W_MAX)
+        log_w = vespo_log_w(logp, old, mask, cfg, rollout, i)
         cells = []
         for t, lp in enumerate(row):
             A = adv[i][t]
@@ -201,11 +199,105 @@ def _vespo(logp, old, adv, mask, cfg, rollout):
     return out
 
 
+def vespo_log_w(logp, old, mask, cfg, rollout, i):
+    """The log W_i VESPO's kernel uses: token clamp, rollout correction, length norm, final clamp."""
+    row = logp[i]
+    n = sum(1 for m in mask[i] if m)
+    log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
+    log_w += _correction_log_w(old, rollout, mask, cfg.rollout_correction, i)
+    log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
+    return min(max(log_w, LOG_W_MIN), LOG_W_MAX)
+
+
 def vespo_phi(log_w, A, cfg):
     """phi(W) = W^k exp(lam (1 - W)) with the (k, lam) pair of A's sign, computed in log space."""
     k, lam = (cfg.k_pos, cfg.lambda_pos) if A >= 0 else (cfg.k_neg, cfg.lambda_neg)
     lam = max(lam, 1e-4)
     return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+
+# ---- adaptive VESPO: the kernel shape per sign from the batch (docs/adaptive.md) -------------------
+
+
+def _vespo_adaptive(logp, old, adv, mask, cfg, rollout):
+    shape = adaptive_shape(logp, old, adv, mask, cfg, rollout)
+    chosen = SimpleNamespace(k_pos=shape["pos"][0], lambda_pos=shape["pos"][1],
+                             k_neg=shape["neg"][0], lambda_neg=shape["neg"][1],
+                             rollout_correction=cfg.rollout_correction, length_norm=cfg.length_norm)
+    return _vespo(logp, old, adv, mask, chosen, rollout)
+
+
+def adaptive_shape(logp, old, adv, mask, cfg, rollout):
+    """{"pos": (k, lam), "neg": (k, lam)}: each sign's shape by cfg.rule on the log W of its sequences.
+
+    A sequence belongs to a sign if one of its valid tokens has an advantage of that sign.
+    """
+    base = {"pos": (cfg.k_pos, cfg.lambda_pos), "neg": (cfg.k_neg, cfg.lambda_neg)}
+    budget = {"pos": cfg.budget_pos, "neg": cfg.budget_neg}
+    members = {"pos": [], "neg": []}
+    for i in range(len(logp)):
+        signs = {("pos" if adv[i][t] >= 0 else "neg") for t in range(len(mask[i])) if mask[i][t]}
+        for sign in signs:
+            members[sign].append(vespo_log_w(logp, old, mask, cfg, rollout, i))
+    shape = {}
+    for sign, xs in members.items():
+        k0, lam0 = base[sign]
+        if len(xs) < 2 or min(xs) == max(xs):  # nothing to adapt to: the base shape
+            shape[sign] = (k0, lam0)
+        elif cfg.rule == "budget":
+            # decreasing in lam; lam_min if the budget holds there, lam_max if it fails there
+            g = lambda lam, xs=xs, k0=k0, c=budget[sign]: eq_w(xs, k0, lam) - c  # noqa: E731
+            if g(cfg.lambda_min) <= 0:
+                lam = cfg.lambda_min
+            elif g(cfg.lambda_max) > 0:
+                lam = cfg.lambda_max
+            else:
+                log_lam = bisect(lambda u, g=g: g(math.exp(u)), math.log(cfg.lambda_min), math.log(cfg.lambda_max))
+                lam = math.exp(log_lam)
+            shape[sign] = (k0, lam)
+        else:
+            # ESS of phi^s, decreasing in s; s_max if the target holds there, s_min if it fails there
+            g = lambda s, xs=xs, k0=k0, lam0=lam0: ess(xs, s * k0, s * lam0) - cfg.ess_target  # noqa: E731
+            if g(cfg.scale_max) >= 0:
+                scale = cfg.scale_max
+            elif g(cfg.scale_min) < 0:
+                scale = cfg.scale_min
+            else:
+                scale = bisect(g, cfg.scale_min, cfg.scale_max)
+            shape[sign] = (scale * k0, scale * lam0)
+    return shape
+
+
+def _log_phis(xs, k, lam):
+    lam = max(lam, 1e-4)
+    return [lam + k * x - lam * math.exp(x) for x in xs]
+
+
+def eq_w(xs, k, lam):
+    """Self-normalized E_Q[W] = sum phi_i W_i / sum phi_i over the log-weights xs."""
+    lps = _log_phis(xs, k, lam)
+    top = max(lps)
+    ws = [math.exp(lp - top) for lp in lps]
+    return sum(w * math.exp(x) for w, x in zip(ws, xs)) / sum(ws)
+
+
+def ess(xs, k, lam):
+    """(sum phi_i)^2 / (n sum phi_i^2) over the log-weights xs."""
+    lps = _log_phis(xs, k, lam)
+    top = max(lps)
+    ws = [math.exp(lp - top) for lp in lps]
+    return sum(ws) ** 2 / (len(ws) * sum(w * w for w in ws))
+
+
+def bisect(g, lo, hi, iterations=200):
+    """The root of a decreasing g with g(lo) > 0 >= g(hi), by plain bisection."""
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if g(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 TOKEN_FNS = {
@@ -215,4 +307,5 @@ TOKEN_FNS = {
     "sapo": _sapo,
     "cispo": _cispo,
     "vespo": _vespo,
+    "vespo_adaptive": _vespo_adaptive,
 }

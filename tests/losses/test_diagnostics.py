@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vespo.losses import get_loss, loss_names
-from vespo.losses.diagnostics import masked_quantile
+from vespo.losses.diagnostics import masked_quantile, metric_reduction
 
 from .batches import make_batch
 
@@ -87,3 +87,99 @@ def test_masked_quantile_matches_torch_quantile_and_handles_empty():
     for q in (0.0, 0.25, 0.5, 0.9, 1.0):
         assert masked_quantile(x, valid, q).item() == pytest.approx(torch.quantile(x[valid], q).item())
     assert masked_quantile(x, torch.zeros(5, dtype=torch.bool), 0.5).item() == 0.0
+
+
+KERNEL_KEYS = {"vespo/log_w_min", "vespo/log_w_p50", "vespo/log_w_p90", "vespo/log_w_max", "vespo/w_ess",
+               "vespo/eq_w_pos", "vespo/eq_w_neg", "vespo/phi_pos_sum", "vespo/phi_neg_sum",
+               "vespo/phi_pos_ess", "vespo/phi_neg_ess"}
+
+
+@pytest.mark.parametrize("name", ["vespo", "vespo_adaptive"])
+@pytest.mark.parametrize("length_norm", ["none", "sqrt"])
+def test_kernel_weight_metrics_describe_what_phi_saw(name, length_norm):
+    """is/* stays the raw log W; vespo/log_w_* is the log W after the token clamp, the rollout correction,
+    the length normalization and the final clamp, and the bound's terms use it with each sign's kernel."""
+    batch = make_batch(B=9, T=6, seed=44, scale=0.6, rollout=True)
+    shift = batch["logp"][2, 0] - 25.0 - batch["old_logp"][2, 0]
+    batch["old_logp"][2, 0] += shift  # one token past the +-20 clamp (row 2 is valid there) ...
+    batch["rollout_logp"][2, 0] += shift  # ... with its rollout correction unchanged
+    rc = {"mode": "tis_token", "threshold": 1.5}
+    m = metrics_of(name, batch, rollout_correction=rc, length_norm=length_norm)
+    assert KERNEL_KEYS <= set(m)
+    mask, adv = batch["mask"], batch["advantages"]
+    valid = mask.any(-1)
+    raw = torch.where(mask, batch["logp"] - batch["old_logp"], 0.0)  # [B, T]
+    log_rho = torch.where(mask, batch["old_logp"] - batch["rollout_logp"], 0.0).clamp(max=math.log(1.5))
+    used = raw.clamp(-20, 20).sum(-1) + log_rho.sum(-1)  # [B]
+    if length_norm == "sqrt":
+        used = used / mask.sum(-1).clamp(min=1).double().sqrt()
+    used = used.clamp(math.log(1e-8), 20.0)
+    # is/* is the raw log W (the +25 token in it); vespo/log_w_* what the kernel used
+    assert m["is/log_w_min"].item() == pytest.approx(raw.sum(-1)[valid].min().item(), rel=1e-12)
+    assert m["vespo/log_w_min"].item() == pytest.approx(used[valid].min().item(), rel=1e-12)
+    assert m["vespo/log_w_min"].item() != pytest.approx(m["is/log_w_min"].item(), rel=1e-3)
+    for key, q in (("p50", 0.5), ("p90", 0.9), ("max", 1.0)):
+        assert m[f"vespo/log_w_{key}"].item() == pytest.approx(torch.quantile(used[valid], q).item(), rel=1e-12)
+    W = used[valid].exp()
+    assert m["vespo/w_ess"].item() == pytest.approx((W.sum() ** 2 / (len(W) * (W**2).sum())).item(), rel=1e-10)
+    shape = {s: (m[f"vespo/k_{s}"].item(), m[f"vespo/lambda_{s}"].item()) for s in ("pos", "neg")} \
+        if name == "vespo_adaptive" else {"pos": (2.0, 3.0), "neg": (3.0, 2.0)}
+    for sign, rows in (("pos", valid & (adv >= 0)), ("neg", valid & (adv < 0))):
+        k, lam = shape[sign]
+        w = used[rows].exp()
+        phi = w**k * torch.exp(lam * (1 - w))  # the kernel as the paper writes it
+        assert m[f"vespo/phi_{sign}_sum"].item() == pytest.approx(phi.sum().item(), rel=1e-10)
+        assert m[f"vespo/eq_w_{sign}"].item() == pytest.approx(((phi * w).sum() / phi.sum()).item(), rel=1e-10)
+        ess = phi.sum() ** 2 / (len(phi) * (phi**2).sum())
+        assert m[f"vespo/phi_{sign}_ess"].item() == pytest.approx(ess.item(), rel=1e-10)
+        assert m[f"vespo/phi_{sign}_max"].item() == pytest.approx(phi.max().item(), rel=1e-10)
+
+
+def test_kernel_metrics_of_an_empty_sign_are_zero():
+    batch = make_batch(B=5, T=4, seed=45)
+    batch["advantages"] = batch["advantages"].abs()  # no A < 0 sequence
+    m = metrics_of("vespo", batch)
+    assert m["vespo/n_neg"].item() == 0
+    assert [m[f"vespo/{k}"].item() for k in ("eq_w_neg", "phi_neg_sum", "phi_neg_ess")] == [0.0, 0.0, 0.0]
+
+
+def reduce_by_name(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The trainer's reduction rule over micro-batches: *_max by max, *_min by min, *_sum and n_* by sum, else mean."""
+    out = {}
+    for key in parts[0]:
+        values = torch.stack([p[key] for p in parts])
+        last = key.rsplit("/", 1)[-1]
+        if key.endswith("_max"):
+            out[key] = values.max().item()
+        elif key.endswith("_min"):
+            out[key] = values.min().item()
+        elif key.endswith("_sum") or last.startswith("n_"):
+            out[key] = values.sum().item()
+        else:
+            out[key] = values.mean().item()
+    return out
+
+
+@pytest.mark.parametrize("name", loss_names())
+def test_metric_names_reduce_to_the_whole_batch_value(name):
+    """A metric named *_max, *_min, *_sum or n_* is a max, min, sum or count: reduced by its name over
+    micro-batches it equals the whole batch's value (vespo_adaptive's phi depends on the micro-batch, so
+    only its weight statistics are compared)."""
+    batch = make_batch(B=12, T=5, seed=46, scale=0.5)
+    batch["advantages"][[3, 7]] = -batch["advantages"][[3, 7]].abs() - 0.2  # A < 0 in every micro-batch
+    full = metrics_of(name, batch)
+    parts = [metrics_of(name, {k: v[rows] for k, v in batch.items()}) for rows in (slice(0, 5), slice(5, 12))]
+    reduced = reduce_by_name(parts)
+    exact = [k for k in full if k.endswith(("_max", "_min", "_sum")) or k.rsplit("/", 1)[-1].startswith("n_")]
+    if name == "vespo_adaptive":
+        exact = [k for k in exact if "phi" not in k]
+    assert "is/log_w_max" in exact and "is/n_seq" in exact
+    for key in exact:
+        assert reduced[key] == pytest.approx(full[key].item(), rel=1e-12), key
+
+
+def test_metric_reduction_states_the_naming_rule():
+    cases = {"is/log_w_max": "max", "vespo/phi_neg_min": "min", "vespo/phi_pos_sum": "sum", "is/n_seq": "sum",
+             "vespo/n_pos": "sum", "is/ess": "mean", "vespo/eq_w_pos": "mean", "vespo/lambda_pos": "mean",
+             "loss/clip_frac_high": "mean", "vespo/adapted_pos": "mean"}
+    assert {name: metric_reduction(name) for name in cases} == cases

@@ -22,6 +22,9 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "sapo": [{}, {"tau_pos": 2.0, "tau_neg": 0.5}],
     "cispo": [{}, {"eps_low": 0.2, "eps_high": 0.5}],
     "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
+    "vespo_adaptive": [{}, {"budget_pos": 1.3, "budget_neg": 0.8, "lambda_min": 1e-3, "lambda_max": 50.0},
+                       {"rule": "ess"}, {"rule": "ess", "ess_target": 0.97, "scale_min": 0.01, "scale_max": 2.0},
+                       {"rule": "ess", "length_norm": "sqrt", "k_neg": 5.0}],
 }
 
 

@@ -92,3 +92,23 @@ def test_cispo_matches_trl(scale):
     out, grad = our_grad("cispo", batch)
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["tis_token", "mis_token"])
+def test_vespo_phi_with_rollout_correction_matches_trl_get_gamma_weights(mode):
+    """TRL folds its token-level vLLM ratio (truncated, or zeroed above C) into log W; so does our correction."""
+    batch = make_batch(B=8, T=9, seed=34, scale=0.4, pad="zero", rollout=True)
+    mask, adv = batch["mask"], batch["advantages"]
+    log_ratio = torch.where(mask, batch["logp"] - batch["old_logp"], 0.0)
+    rho = torch.where(mask, (batch["old_logp"] - batch["rollout_logp"]).exp(), 1.0)  # [B, T], TRL's ratio before C
+    trl_ratio = rho.clamp(max=1.5) if mode == "tis_token" else rho.masked_fill(rho > 1.5, 0.0)
+    assert (rho > 1.5).any()
+    trl_phi = GRPOTrainer.get_gamma_weights(adv[:, None], log_ratio, mask.double(), trl_ratio)  # [B, 1]
+    spec = get_loss("vespo")
+    cfg = spec.config_cls(agg="seq-mean-token-sum", rollout_correction={"mode": mode, "threshold": 1.5})
+    logp = batch["logp"].clone().requires_grad_(True)
+    out = spec.fn(logp, batch["old_logp"], adv, mask, cfg, rollout_logp=batch["rollout_logp"])
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    our_phi = -grad[:, :1] * (mask.sum(-1) > 0).sum() / adv[:, None]
+    valid = mask[:, 0]
+    torch.testing.assert_close(our_phi[valid], trl_phi[valid], rtol=1e-9, atol=1e-12)

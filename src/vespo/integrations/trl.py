@@ -9,34 +9,57 @@ TRL keeps generation, rewards, advantages, batching and the optimizer; only the 
 micro-batch (`GRPOTrainer._compute_loss`) is replaced. The policy's log-probs are TRL's
 (`_get_per_token_logps_and_entropies`); the behavior log-probs are TRL's `old_per_token_logps` (the
 policy at generation time), or the current ones detached when TRL skips them (fully on-policy).
-With vLLM importance-sampling correction, TRL's per-token ratio π_old/π_sampler is passed to the
-loss as rollout log-probs (log π_sampler = log π_old − log ratio), so VESPO corrects in log space.
+
+With vLLM, the sampler's log-probs (TRL's `sampling_per_token_logps`; unavailable ones count as
+π_old's, as TRL counts them) are the loss's rollout log-probs, and TRL's importance-sampling
+correction (`vllm_importance_sampling_correction`) becomes vespo's rollout correction of the same
+ratio ρ = π_old/π_sampler, as TRL applies it:
+
+    vllm_importance_sampling_mode    vespo rollout_correction (threshold = vllm_importance_sampling_clip_max)
+    token_truncate / token_mask      tis_token / mis_token
+    sequence_truncate / sequence_mask  tis_seq / mis_seq
+
+VESPO (and vespo_adaptive) add log ρ to log W, as TRL's `loss_type="vespo"` does; the other losses
+multiply their per-token loss by ρ, as TRL's other losses do. `vllm_importance_sampling_clip_min`
+has no counterpart and is rejected. With TRL's correction off, the loss config's own
+`rollout_correction` applies (none by default), and `rollout/k1`, `rollout/k3` still report the gap.
 
 The loss is normalized the way TRL normalizes its token-summing losses (`dapo`, `vespo`): by the
 token count, or for seq-mean-* aggregations the sequence count, of one optimizer step's batch on
 this process, so gradient accumulation and data parallelism leave the gradient unchanged.
 
 vespo's diagnostics (`is/ess`, `vespo/phi_pos_mean`, ...) go to TRL's metrics (`self._metrics`),
-averaged over processes, and appear in the trainer's logs next to TRL's own.
+combined over processes by their names (a `_max` by max, ...; `vespo.losses.diagnostics.metric_reduction`),
+and appear in the trainer's logs next to TRL's own (which then average them over logging steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from typing import Any
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.losses import get_loss
+from vespo.losses import RolloutCorrection, get_loss
+from vespo.losses.diagnostics import metric_reduction
 
-LOG_WEIGHT_FLOOR = 1e-8  # importance ratios below this (masked tokens are 0) count as this
+# TRL's vllm_importance_sampling_mode -> vespo's rollout-correction mode for the same ratio
+TRL_IS_MODES = {
+    "token_truncate": "tis_token",
+    "token_mask": "mis_token",
+    "sequence_truncate": "tis_seq",
+    "sequence_mask": "mis_seq",
+}
 
 
 class VespoGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with the loss computed by vespo's `loss_name` under `loss_config`.
 
-    `loss_config` defaults to the loss's own defaults; for `vespo` the (k, λ) pairs then come from
-    `GRPOConfig.vespo_k_pos`, ... so that the two trainers agree on the same arguments.
+    `loss_config` defaults to the loss's own defaults; for `vespo` and `vespo_adaptive` the (k, λ)
+    pairs (the adaptive loss's base shape) then come from `GRPOConfig.vespo_k_pos`, ... so that the
+    two trainers agree on the same arguments.
     """
 
     def __init__(self, *args: Any, loss_name: str = "vespo", loss_config: Any = None, **kwargs: Any) -> None:
@@ -44,6 +67,7 @@ class VespoGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.vespo_config = _resolve_config(self.vespo_spec, loss_config, self.args)
         _check_supported(self.args)
+        with_trl_correction(self.vespo_config, trl_rollout_correction(self))  # fails early on a conflict
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         mode = "train" if self.model.training else "eval"
@@ -58,9 +82,9 @@ class VespoGRPOTrainer(GRPOTrainer):
             old_logp,
             inputs["advantages"],
             mask.to(logp.dtype),
-            self.vespo_config,
+            self._loss_config(inputs),
             normalizer=self._normalizer(mode, inputs, logp.shape[0]),
-            rollout_logp=_rollout_logp(old_logp, inputs.get("importance_sampling_ratio")),
+            rollout_logp=_sampler_logp(old_logp, inputs.get("sampling_per_token_logps")),
         )
         loss = out.loss
         if aux_loss is not None:
@@ -87,6 +111,14 @@ class VespoGRPOTrainer(GRPOTrainer):
             **{key: inputs.get(key) for key in multimodal},
         )
 
+    def _loss_config(self, inputs: dict[str, Any]) -> Any:
+        """The loss config, with TRL's vLLM importance-sampling correction as its rollout correction when on."""
+        correction = trl_rollout_correction(self)
+        if correction is not None and inputs.get("sampling_per_token_logps") is None:
+            raise ValueError("TRL's vllm_importance_sampling_correction is on, but the batch has no "
+                             "sampling_per_token_logps (the vLLM log-probs the correction needs)")
+        return with_trl_correction(self.vespo_config, correction)
+
     def _normalizer(self, mode: str, inputs: dict[str, Any], batch_size: int) -> float:
         """Tokens (token-mean) or sequences (seq-mean-*) in one optimizer step's batch on this process.
 
@@ -105,10 +137,11 @@ class VespoGRPOTrainer(GRPOTrainer):
     def _log_metrics(
         self, mode: str, metrics: dict[str, torch.Tensor], entropies: torch.Tensor, mask: torch.Tensor
     ) -> None:
-        """vespo's diagnostics and the mean token entropy, averaged over processes, into TRL's metrics."""
+        """vespo's diagnostics, combined over processes by their names' reduction, and the mean token entropy."""
         for name, value in metrics.items():
             gathered = self.accelerator.gather(value.detach().float().reshape(1))
-            self._metrics[mode][name].append(gathered.nanmean().item())
+            reduce = {"max": torch.amax, "min": torch.amin, "sum": torch.nansum, "mean": torch.nanmean}
+            self._metrics[mode][name].append(reduce[metric_reduction(name)](gathered).item())
         totals = torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()])
         totals = self.accelerator.reduce(totals, reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
@@ -116,15 +149,45 @@ class VespoGRPOTrainer(GRPOTrainer):
 
 def _resolve_config(spec: Any, loss_config: Any, args: GRPOConfig) -> Any:
     if loss_config is None:
-        if spec.name == "vespo":
+        if spec.name in ("vespo", "vespo_adaptive"):
             return spec.config_cls(k_pos=args.vespo_k_pos, lambda_pos=args.vespo_lambda_pos,
                                    k_neg=args.vespo_k_neg, lambda_neg=args.vespo_lambda_neg)
         return spec.config_cls()
-    if not isinstance(loss_config, spec.config_cls):
+    if type(loss_config) is not spec.config_cls:
         raise TypeError(
             f"loss_config for loss {spec.name!r} must be a {spec.config_cls.__name__}, got {type(loss_config).__name__}"
         )
     return loss_config
+
+
+def trl_rollout_correction(trainer: GRPOTrainer) -> RolloutCorrection | None:
+    """vespo's rollout correction equal to TRL's vLLM importance-sampling correction, None when that is off."""
+    if not (trainer.use_vllm and trainer.vllm_importance_sampling_correction):
+        return None
+    mode = trainer.vllm_importance_sampling_mode
+    if mode not in TRL_IS_MODES:
+        raise ValueError(f"GRPOConfig.vllm_importance_sampling_mode={mode!r} is unknown; choose one of: "
+                         f"{', '.join(TRL_IS_MODES)}")
+    if trainer.vllm_importance_sampling_clip_min is not None:
+        raise ValueError(
+            f"GRPOConfig.vllm_importance_sampling_clip_min={trainer.vllm_importance_sampling_clip_min!r} is not "
+            "supported by VespoGRPOTrainer (vespo's rollout correction truncates or masks above a threshold only); "
+            "leave it at None"
+        )
+    clip_max = trainer.vllm_importance_sampling_clip_max
+    return RolloutCorrection(mode=TRL_IS_MODES[mode], threshold=sys.float_info.max if clip_max is None else clip_max)
+
+
+def with_trl_correction(config: Any, correction: RolloutCorrection | None) -> Any:
+    """``config`` with TRL's correction as its rollout correction (unchanged when TRL's is off)."""
+    if correction is None:
+        return config
+    if config.rollout_correction.mode != "none":
+        raise ValueError(
+            f"loss_config.rollout_correction.mode={config.rollout_correction.mode!r} would correct a second time: "
+            "TRL's vllm_importance_sampling_correction is on; use one of the two"
+        )
+    return dataclasses.replace(config, rollout_correction=correction)
 
 
 def _check_supported(args: GRPOConfig) -> None:
@@ -144,13 +207,13 @@ def _check_supported(args: GRPOConfig) -> None:
             )
 
 
-def _rollout_logp(old_logp: torch.Tensor, ratio: torch.Tensor | None) -> torch.Tensor | None:
-    """Sampler log-probs [B, T] from TRL's per-token π_old/π_sampler ratio, or None without one."""
-    if ratio is None:
+def _sampler_logp(old_logp: torch.Tensor, sampling_logp: torch.Tensor | None) -> torch.Tensor | None:
+    """The sampler's (vLLM's) log-probs [B, T], None without them; a NaN (unavailable) one counts as π_old's."""
+    if sampling_logp is None:
         return None
-    if ratio.shape != old_logp.shape:
+    if sampling_logp.shape != old_logp.shape:
         raise ValueError(
-            f"importance_sampling_ratio has shape {tuple(ratio.shape)}; vespo's losses need the per-token ratio "
-            f"{tuple(old_logp.shape)} (vllm_importance_sampling_mode 'token_truncate' or 'token_mask')"
+            f"sampling_per_token_logps has shape {tuple(sampling_logp.shape)}, expected {tuple(old_logp.shape)}"
         )
-    return old_logp - torch.log(ratio.detach().to(old_logp.dtype).clamp(min=LOG_WEIGHT_FLOOR))
+    sampling_logp = sampling_logp.detach().to(old_logp.dtype)
+    return torch.where(torch.isnan(sampling_logp), old_logp.detach(), sampling_logp)

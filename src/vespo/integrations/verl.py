@@ -3,6 +3,7 @@
 Importing this module registers, in `verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY`:
 
     vespo           vespo's VESPO loss (verl 0.9.1 has none)
+    vespo_adaptive  VESPO with (k, λ) chosen per micro-batch and sign of A (docs/adaptive.md)
     vespo_<name>    each of vespo's other losses: vespo_grpo, vespo_gspo, vespo_sapo, ... (verl's own
                     `vanilla`, `gspo`, `sapo`, `cispo` are left as they are)
 
@@ -61,8 +62,8 @@ PASS_THROUGH = {
 
 
 def verl_loss_name(name: str) -> str:
-    """The name vespo's loss `name` is registered under in verl."""
-    return "vespo" if name == "vespo" else f"vespo_{name}"
+    """The name vespo's loss `name` is registered under in verl: its own if it starts with `vespo`."""
+    return name if name.startswith("vespo") else f"vespo_{name}"
 
 
 def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:

@@ -8,10 +8,11 @@
     out.metrics                                    # {"is/ess": tensor(...), "kl/k1": ..., ...}, detached
 
 Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss;
-shared pieces: aggregation.py, rollout_correction.py, diagnostics.py, _checks.py (input checks).
+shared pieces: aggregation.py, rollout_correction.py, diagnostics.py, kernel.py (VESPO's phi),
+_checks.py (input checks). vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md).
 """
 
-from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo  # noqa: F401  (each registers itself)
+from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (they register)
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import LossConfig, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss
@@ -22,6 +23,7 @@ from vespo.losses.reinforce import ReinforceConfig, reinforce_loss
 from vespo.losses.rollout_correction import ROLLOUT_CORRECTION_MODES, RolloutCorrection
 from vespo.losses.sapo import SapoConfig, sapo_loss
 from vespo.losses.vespo import VespoConfig, gamma_phi, vespo_loss
+from vespo.losses.vespo_adaptive import VespoAdaptiveConfig, vespo_adaptive_loss
 
 __all__ = [
     "AGG_MODES",
@@ -34,6 +36,7 @@ __all__ = [
     "ReinforceConfig",
     "RolloutCorrection",
     "SapoConfig",
+    "VespoAdaptiveConfig",
     "VespoConfig",
     "aggregate",
     "cispo_loss",
@@ -45,5 +48,6 @@ __all__ = [
     "reinforce_loss",
     "sapo_loss",
     "sequence_log_weight",
+    "vespo_adaptive_loss",
     "vespo_loss",
 ]

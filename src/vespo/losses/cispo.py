@@ -1,4 +1,6 @@
-"""CISPO: REINFORCE with a clipped, detached token importance weight (SPEC §2).
+"""CISPO: REINFORCE with a clipped, detached token importance weight.
+
+The baseline as the VESPO paper (arXiv 2602.10693) compares it:
 
     r_t = exp(clamp(logp - old_logp, +-20))
     l_t = -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] * A * logp_t    (eps_low=None: no lower bound)

@@ -9,6 +9,20 @@
     loss/clip_frac_low|high    fraction of valid tokens where the lower / upper clip binds
     vespo/phi_{pos,neg}_{mean,min,max}, vespo/n_pos, vespo/n_neg, vespo/phi_small_frac
 
+VESPO's kernel (vespo and vespo_adaptive) also reports the weight it actually used, after the
+token clamp, rollout correction, length normalization and the final clamp to [log 1e-8, 20]
+(``is/*`` stays the raw log W), and the terms of the paper's variance bound per sign of A, over
+the sequences s of that sign with that sign's kernel phi:
+
+    vespo/log_w_min|p50|p90|max   the log W the kernel used
+    vespo/w_ess                   ESS of that W
+    vespo/eq_w_{pos,neg}          self-normalized E_Q[W] = sum_s phi_s W_s / sum_s phi_s
+    vespo/phi_{pos,neg}_sum       sum_s phi_s (the normalizer of Q on the batch)
+    vespo/phi_{pos,neg}_ess       (sum_s phi_s)^2 / (n sum_s phi_s^2), the ESS of the coefficients
+
+Names follow the reduction over micro-batches, mini-batches and processes that
+:func:`metric_reduction` states: *_max by max, *_min by min, *_sum by sum, n_* by sum, all else by mean.
+
 Empty selections (no valid sequence, no A<0 sequence, ...) report 0 for every statistic and
 the count key (n_seq, n_pos, n_neg) says how many entries the statistic was taken over, so no
 metric is ever NaN. Quantiles use linear interpolation, as torch.quantile does. Everything is
@@ -22,10 +36,26 @@ import math
 import torch
 from torch import Tensor
 
+from vespo.losses.kernel import sign_log_phi
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
 
 KL_D_CLAMP = 20.0  # |d| is clamped to 20 (in k1 and k3) so that huge log-ratios keep k3 finite
 PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
+
+
+def metric_reduction(name: str) -> str:
+    """How a metric combines across micro-batches, mini-batches and processes: max | min | sum | mean.
+
+    By its name: ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` -> sum, a last path segment
+    starting with ``n_`` (a count, e.g. ``is/n_seq``) -> sum, anything else -> mean.
+    """
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
+        return "sum"
+    return "mean"
 
 
 @torch.no_grad()
@@ -71,20 +101,69 @@ def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
     n = torch.count_nonzero(valid)
     lw = log_w.detach()
     w = torch.where(valid, lw.clamp(LOG_W_MIN, LOG_W_MAX).exp(), lw.new_zeros(()))  # [B]
-    lw_valid = torch.where(valid, lw, torch.full_like(lw, -math.inf))  # [B]
-    log_n = n.clamp(min=1).to(lw.dtype).log()
-    log_ess = 2 * torch.logsumexp(lw_valid, 0) - torch.logsumexp(2 * lw_valid, 0) - log_n
-    zero = lw.new_zeros(())
-    q_min, q50, q90, q_max = masked_quantiles(lw, valid, (0.0, 0.5, 0.9, 1.0))
     return {
-        "is/log_w_min": q_min,
-        "is/log_w_p50": q50,
-        "is/log_w_p90": q90,
-        "is/log_w_max": q_max,
+        **log_weight_quantiles(lw, valid, "is/log_w"),
         "is/w_mean": w.sum() / n.clamp(min=1),
-        "is/ess": torch.where(n > 0, log_ess.exp(), zero),
+        "is/ess": effective_sample_size(lw, valid),
         "is/n_seq": n.to(lw.dtype),
     }
+
+
+@torch.no_grad()
+def log_weight_quantiles(log_w: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
+    """{prefix}_min, _p50, _p90, _max of ``log_w [B]`` over the ``valid [B]`` entries (0 when none)."""
+    q_min, q50, q90, q_max = masked_quantiles(log_w, valid, (0.0, 0.5, 0.9, 1.0))
+    return {f"{prefix}_min": q_min, f"{prefix}_p50": q50, f"{prefix}_p90": q90, f"{prefix}_max": q_max}
+
+
+@torch.no_grad()
+def effective_sample_size(log_weights: Tensor, valid: Tensor) -> Tensor:
+    """(sum w)^2 / (n sum w^2) over the last dim's valid entries, from log w, in (0, 1]; 0 when none.
+
+    ``log_weights`` and ``valid`` broadcast; the result has their shape without the last dim.
+    """
+    lw = torch.where(valid, log_weights, torch.full_like(log_weights, -math.inf))
+    n = valid.sum(dim=-1)
+    log_n = n.clamp(min=1).to(lw.dtype).log()
+    log_ess = 2 * torch.logsumexp(lw, -1) - torch.logsumexp(2 * lw, -1) - log_n
+    return torch.where(n > 0, log_ess.exp(), lw.new_zeros(()))
+
+
+@torch.no_grad()
+def self_normalized_mean(log_weights: Tensor, x: Tensor, valid: Tensor) -> Tensor:
+    """sum_i w_i x_i / sum_i w_i over the last dim's valid entries, from log w (stable); 0 when none.
+
+    With w = phi(W) and x = W this is the batch estimate of E_Q[W] under VESPO's proposal Q.
+    ``log_weights``, ``x`` and ``valid`` broadcast; the result drops the last dim.
+    """
+    lw = torch.where(valid, log_weights, torch.full_like(log_weights, -math.inf))
+    p = torch.softmax(lw, dim=-1).nan_to_num(nan=0.0)  # an empty selection gives NaN: 0 instead
+    return (p * torch.where(valid, x, x.new_zeros(()))).sum(dim=-1)
+
+
+SIGN_NAMES = ("pos", "neg")  # row 0: A >= 0, row 1: A < 0
+
+
+@torch.no_grad()
+def kernel_metrics(log_w: Tensor, seq_valid: Tensor, groups: Tensor, k: Tensor, lam: Tensor) -> dict[str, Tensor]:
+    """The log W VESPO's kernel used and the terms of the variance bound per sign of A (module docstring).
+
+    ``log_w [B]`` is the kernel's sequence log-weight, ``seq_valid [B]`` the non-empty rows,
+    ``groups [2, B]`` the sequences of each sign, ``k, lam [2]`` the (pos, neg) kernel shape used.
+    Computed in float64 and returned in log_w's dtype.
+    """
+    x = log_w.detach().double()  # [B]
+    log_phi = sign_log_phi(x, k.double(), lam.double())  # [2, B]
+    eq_w = self_normalized_mean(log_phi, x.exp(), groups)  # [2]
+    phi = torch.where(groups, log_phi.exp(), x.new_zeros(()))  # [2, B]
+    phi_sum = phi.sum(dim=-1).nan_to_num(nan=0.0, posinf=0.0)  # [2]; phi is finite for log W <= 20
+    phi_ess = effective_sample_size(log_phi, groups)  # [2]
+    out = {**log_weight_quantiles(x, seq_valid, "vespo/log_w"), "vespo/w_ess": effective_sample_size(x, seq_valid)}
+    for row, sign in enumerate(SIGN_NAMES):
+        out[f"vespo/eq_w_{sign}"] = eq_w[row]
+        out[f"vespo/phi_{sign}_sum"] = phi_sum[row]
+        out[f"vespo/phi_{sign}_ess"] = phi_ess[row]
+    return {key: value.to(log_w.dtype) for key, value in out.items()}
 
 
 @torch.no_grad()

@@ -1,4 +1,6 @@
-"""GRPO: token-level PPO clipping with asymmetric bounds and a dual clip for A < 0 (SPEC §2).
+"""GRPO: token-level PPO clipping with asymmetric bounds and a dual clip for A < 0.
+
+The baseline as the VESPO paper (arXiv 2602.10693) compares it:
 
     r_t = exp(clamp(logp - old_logp, +-20))
     l_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))

@@ -1,4 +1,6 @@
-"""GSPO: sequence-level, length-normalized importance ratio with PPO clipping (SPEC §2).
+"""GSPO: sequence-level, length-normalized importance ratio with PPO clipping.
+
+The baseline as the VESPO paper (arXiv 2602.10693) compares it:
 
     log s_i  = (1/T_i) sum_t m_it (logp_it - old_logp_it)          (T_i >= 1; empty rows get 0)
     s_it     = exp(min(sg[log s_i] + logp_it - sg[logp_it], 10))   value s_i, gradient s_i * grad logp_it

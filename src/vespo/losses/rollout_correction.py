@@ -9,7 +9,7 @@ kernels, precision, MoE routing). With rho_t = pi_old / pi_rollout per token:
     mis_seq     w_i = prod_t rho_t if <= C else 0         masked, per sequence
 
 Weights are detached. Every loss but VESPO multiplies its per-token loss by w; VESPO adds
-log w to its sequence log-weight log W instead (SPEC §1), so a masked token (w = 0) sends that
+log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token (w = 0) sends that
 sequence's W, and hence phi, to ~0. Log-weights are clamped to [log 1e-8, 20] like VESPO's
 official numerics, which keeps masked weights finite in log space.
 """

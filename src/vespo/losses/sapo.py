@@ -1,4 +1,6 @@
-"""SAPO: a soft sigmoid gate on the token ratio instead of a hard clip (SPEC §2).
+"""SAPO: a soft sigmoid gate on the token ratio instead of a hard clip.
+
+The baseline as the VESPO paper (arXiv 2602.10693) compares it:
 
     r_t    = exp(clamp(logp - old_logp, +-20))
     f(r)   = sigmoid(tau (r - 1)) * 4 / tau,      tau = tau_pos if A > 0 else tau_neg

@@ -1,4 +1,4 @@
-"""VESPO: REINFORCE scaled by a gamma-shaped kernel of the sequence importance weight (SPEC §1).
+"""VESPO: REINFORCE scaled by a gamma-shaped kernel of the sequence importance weight (arXiv 2602.10693).
 
     log W_i = clamp( norm( sum_t m_it clamp(logp_it - old_logp_it, +-20) + log w_rc,i ), log 1e-8, 20 )
     phi(W)  = W^k exp(lam (1 - W)),  log phi = lam + k log W - lam W      (phi(1) = 1, mode k/lam)
@@ -20,13 +20,13 @@ from torch import Tensor
 
 from vespo.losses._checks import LossInputs, prepare_inputs
 from vespo.losses.base import LossConfig, check_choice, check_range, finish
-from vespo.losses.diagnostics import phi_metrics
+from vespo.losses.diagnostics import kernel_metrics, phi_metrics
+from vespo.losses.kernel import kernel_phi, sign_groups
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
 from vespo.types import LossOutput
 
 LENGTH_NORMS: tuple[str, ...] = ("none", "sqrt", "linear")
-LAMBDA_MIN = 1e-4  # official lower clamp of lambda
 
 
 @dataclass
@@ -65,11 +65,27 @@ def vespo_loss(
     """-sg[phi(W)] * A * logp per token, aggregated by ``cfg.agg``."""
     inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     log_w = vespo_log_weight(inp, cfg)  # [B, 1]
-    phi = gamma_phi(log_w, inp.adv, cfg)  # [B, 1] or [B, T], detached
+    k, lam = fixed_shape(cfg, log_w)  # [2], [2]
+    return kernel_loss(inp, cfg, normalizer, log_w, k, lam)
+
+
+def kernel_loss(
+    inp: LossInputs,
+    cfg: VespoConfig,
+    normalizer: float | Tensor | None,
+    log_w: Tensor,
+    k: Tensor,
+    lam: Tensor,
+    extra_metrics: dict[str, Tensor] | None = None,
+) -> LossOutput:
+    """VESPO's loss with the kernel shape ``k, lam [2]`` (pos, neg) on the sequence log-weights ``log_w [B, 1]``."""
+    phi = kernel_phi(log_w, inp.adv, k, lam)  # [B, 1] or [B, T], detached
     coef = -phi * inp.adv  # [B, 1] or [B, T] (0 on padding: adv is): d loss_it / d logp_it
     loss_mat = coef * inp.logp  # [B, T]
     valid = inp.seq_valid[:, None] if phi.shape[-1] == 1 else inp.mask
-    metrics = phi_metrics(phi, inp.adv >= 0, valid)
+    groups = sign_groups(inp.adv, inp.mask, inp.seq_valid)  # [2, B]
+    metrics = {**phi_metrics(phi, inp.adv >= 0, valid),
+               **kernel_metrics(log_w[:, 0], inp.seq_valid, groups, k, lam), **(extra_metrics or {})}
     return finish(loss_mat, coef, inp, cfg, normalizer, metrics, loss_masked=coef.shape[-1] != 1)
 
 
@@ -88,15 +104,17 @@ def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
     return log_w.clamp(LOG_W_MIN, LOG_W_MAX)
 
 
+def fixed_shape(cfg: VespoConfig, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The configured kernel shape as tensors ``k, lam [2]`` (pos, neg) in ``like``'s dtype and device."""
+    k = torch.tensor([cfg.k_pos, cfg.k_neg], dtype=like.dtype, device=like.device)
+    lam = torch.tensor([cfg.lambda_pos, cfg.lambda_neg], dtype=like.dtype, device=like.device)
+    return k, lam
+
+
 @torch.no_grad()
 def gamma_phi(log_w: Tensor, adv: Tensor, cfg: VespoConfig) -> Tensor:
     """phi = exp(lam + k log W - lam W) with (k, lam) picked by the sign of ``adv`` (A >= 0: positive pair)."""
-    nonneg = adv >= 0
-    k = torch.where(nonneg, log_w.new_tensor(cfg.k_pos), log_w.new_tensor(cfg.k_neg))  # [B, 1] or [B, T]
-    lam = torch.where(nonneg, log_w.new_tensor(cfg.lambda_pos), log_w.new_tensor(cfg.lambda_neg))
-    lam = lam.clamp(min=LAMBDA_MIN)
-    log_phi = lam + k * log_w - lam * log_w.exp()
-    return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return kernel_phi(log_w, adv, *fixed_shape(cfg, log_w))
 
 
 register(LossSpec("vespo", vespo_loss, VespoConfig))
