@@ -4,10 +4,11 @@ Metrics are namespaced (`reward/`, `rollout/`, `mismatch/`, `loss/`, `is/`, `kl/
 `perf/`, `staleness/`) and reduced once per step: the trainer collects tensors, calls
 :func:`to_floats` once, and hands one flat dict to every sink.
 
-A metric's name says how it combines across micro-batches and mini-batches (:func:`reduce_metrics`):
-a name ending in ``_max`` is reduced by max, ``_min`` by min, ``_sum`` by sum, a last path segment
-starting with ``n_`` (``is/n_seq``, ``rollout/n_tokens``) by sum, and anything else by mean. So a
-max stays a max and a count stays a count however many pieces a step was made of.
+A metric's name says how it combines across micro-batches and mini-batches (:func:`reduce_metrics`,
+by ``vespo.losses.diagnostics.metric_reduction``): a name ending in ``_max`` is reduced by max,
+``_min`` by min, ``_sum`` by sum, a last path segment starting with ``n_`` (``is/n_seq``,
+``rollout/n_tokens``) by sum, and anything else by mean. So a max stays a max and a count stays a
+count however many pieces a step was made of.
 """
 
 from __future__ import annotations
@@ -58,39 +59,60 @@ def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def reduction(name: str) -> str:
-    """How the metric ``name`` combines over pieces of a step: "max", "min", "sum" or "mean"."""
-    if name.endswith("_max"):
-        return "max"
-    if name.endswith("_min"):
-        return "min"
-    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
-        return "sum"
-    return "mean"
+def count_key(name: str) -> str | None:
+    """The count a statistic was taken over: the sequences (``is/n_seq``) or the sequences of one sign
+    of A (``vespo/n_pos``, ``vespo/n_neg``); None for a metric that is not a per-selection statistic.
+
+    A loss reports 0 for a statistic over an empty selection (a micro-batch with no A < 0 row), so
+    pieces whose count is 0 must not enter a min, max or mean, and means are weighted by the count.
+    """
+    head, _, last = name.rpartition("/")
+    if last.startswith("n_"):
+        return None
+    if head == "vespo" and ("_pos" in last or "_neg" in last):
+        return "vespo/n_pos" if "_pos" in last else "vespo/n_neg"
+    if head == "is" or last.startswith("log_w_") or last == "w_ess":
+        return "is/n_seq"
+    return None
 
 
 def reduce_metrics(dicts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Key-wise reduction of several metric dicts by each name's rule (:func:`reduction`).
+    """Key-wise reduction of several metric dicts by each name's rule (``metric_reduction``: _max by
+    max, _min by min, _sum and n_* by sum, else mean), once per step over all its pieces.
 
     Values may be floats or 0-dim tensors (reduced without a host sync). A key missing from some
-    dicts is reduced over the dicts that have it.
+    dicts is reduced over the dicts that have it; a statistic with a count (:func:`count_key`) over
+    the pieces where that count is positive, its mean weighted by the count.
     """
     keys: dict[str, None] = {}
     for d in dicts:
         keys.update(dict.fromkeys(d))
-    out: dict[str, Any] = {}
-    for k in keys:
-        values = [d[k] for d in dicts if k in d]
-        if len(values) == 1:
-            out[k] = values[0]
-            continue
-        rule = reduction(k)
-        if any(isinstance(v, Tensor) for v in values):
-            stacked = torch.stack([torch.as_tensor(v).detach().float().reshape(()) for v in values])
-            out[k] = {"max": stacked.amax, "min": stacked.amin, "sum": stacked.sum, "mean": stacked.mean}[rule]()
-        else:
-            out[k] = {"max": max, "min": min, "sum": math.fsum, "mean": lambda v: math.fsum(v) / len(v)}[rule](values)
-    return out
+    return {k: _reduce(k, [d for d in dicts if k in d]) for k in keys}
+
+
+def _reduce(key: str, dicts: list[dict[str, Any]]) -> Any:
+    from vespo.losses.diagnostics import metric_reduction
+
+    if len(dicts) == 1:
+        return dicts[0][key]
+    rule, counter = metric_reduction(key), count_key(key)
+    as64 = lambda x: torch.as_tensor(x, dtype=torch.float64).detach().reshape(())  # noqa: E731
+    values = [as64(d[key]) for d in dicts]  # P 0-dim values
+    weights = [as64(d.get(counter, 1.0)) for d in dicts] if counter else [as64(1.0)] * len(dicts)
+    v, w = torch.stack(values), torch.stack(weights)  # [P], [P]
+    has = w > 0
+    if rule == "sum":
+        out = v.sum()
+    elif rule == "mean":
+        out = torch.where(has.any(), (v * w).sum() / w.sum().clamp(min=1e-300), v.mean())
+    else:
+        fill = math.inf if rule == "min" else -math.inf
+        picked = torch.where(has, v, torch.full_like(v, fill))
+        out = torch.where(has.any(), picked.amin() if rule == "min" else picked.amax(), v.amin() if rule == "min"
+                          else v.amax())
+    if any(isinstance(d[key], Tensor) for d in dicts):
+        return out.float()
+    return float(out)
 
 
 # ---------------------------------------------------------------- sinks

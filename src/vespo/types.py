@@ -60,6 +60,8 @@ class LossOutput:
 
     loss: Tensor  # [] scalar, carries the gradient
     metrics: dict[str, Tensor]  # name -> detached tensor ([] scalar), namespaced ("is/ess", ...)
+    seq_weight: Tensor | None = None  # [B] detached: each row's gradient weight relative to REINFORCE (-A * grad
+    #                                    log pi), averaged over its tokens (VESPO: phi(W)); NaN where A = 0
 
 
 @dataclass

@@ -85,3 +85,22 @@ def test_micro_batches_sum_to_the_mini_batch_gradient(name, agg):
     parts = [grad_of(name, {k: v[rows] for k, v in batch.items()}, normalizer=float(count), agg=agg)[1]
              for rows in (slice(0, 3), slice(3, 4), slice(4, 8))]
     torch.testing.assert_close(torch.cat(parts), full, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", sorted(loss_names()))
+def test_seq_weight_is_the_rows_gradient_relative_to_reinforce(name):
+    """sum_t dL/dlogp_it = seq_weight_i * (-A_i) * T_i / (token count) under token-mean, for every loss;
+    VESPO's is phi(W); a row with A = 0 has no weight (NaN)."""
+    batch = make_batch(seed=23, scale=0.3, token_adv=False)
+    batch["advantages"][2] = 0.0
+    out, grad = grad_of(name, batch, agg="token-mean")
+    mask, adv = batch["mask"], batch["advantages"]
+    tokens = mask.sum(-1).double()
+    expected = out.seq_weight * (-adv) * tokens / tokens.sum()
+    rows = (adv != 0) & (tokens > 0)
+    torch.testing.assert_close(grad.sum(-1)[rows], expected[rows], rtol=1e-10, atol=1e-14)
+    assert torch.isnan(out.seq_weight[2])
+    if name == "vespo":
+        log_w = torch.where(mask, batch["logp"] - batch["old_logp"], 0.0).sum(-1, keepdim=True)
+        phi = gamma_phi(log_w, adv[:, None], get_loss("vespo").config_cls())[:, 0]
+        torch.testing.assert_close(out.seq_weight[rows], phi[rows], rtol=1e-12, atol=0)

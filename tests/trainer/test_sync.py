@@ -172,7 +172,8 @@ def test_samples_are_logged_readably(make_cfg):
     rows = read_jsonl(f"{cfg.run.out_dir}/samples.jsonl")
     assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
     for r in rows:
-        assert set(r) >= {"prompt", "completion", "reward", "advantage", "lag", "log_w"}
+        assert set(r) >= {"prompt", "completion", "reward", "advantage", "lag", "log_w", "weight"}
+        assert (r["weight"] is None) == (r["advantage"] == 0.0)  # VESPO's phi(W) where there is a gradient
         assert r["prompt"].endswith("=") and r["lag"] in (0, 1) and r["reward"] in (0.0, 1.0)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -107,8 +107,21 @@ def finish(
         scale = agg_grad_scale(inp.tokens, cfg.agg, normalizer)  # [] or [B, 1]
         metrics = base_metrics(value, inp.row_log_ratio, inp.seq_valid, inp.clamped_log_ratio,
                                inp.tokens, inp.rollout_d, scratch)
+        seq_weight = sequence_weight(coef, inp)  # [B]
     loss = _CoefficientGradient.apply(inp.logp_in, value, coef, scale, inp.mask_f)
-    return LossOutput(loss=loss, metrics={**metrics, **extra_metrics})
+    return LossOutput(loss=loss, metrics={**metrics, **extra_metrics}, seq_weight=seq_weight)
+
+
+def sequence_weight(coef: Tensor, inp: LossInputs) -> Tensor:
+    """Each row's weight on its gradient relative to plain REINFORCE, whose coefficient is -A:
+    sum_t coef_it / sum_t (-A_it) over the row's valid tokens.  # [B]
+
+    VESPO gives phi(W_i), clipped losses the mean kept ratio; NaN where the row's advantage is 0 or
+    it has no valid token (no gradient to weigh).
+    """
+    num = coef[:, 0] * inp.tokens if coef.shape[-1] == 1 else (coef * inp.mask_f).sum(dim=-1)  # [B]
+    den = -inp.adv[:, 0] * inp.tokens if inp.adv.shape[-1] == 1 else -(inp.adv * inp.mask_f).sum(dim=-1)  # [B]
+    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), torch.full_like(num, math.nan))
 
 
 class _CoefficientGradient(torch.autograd.Function):

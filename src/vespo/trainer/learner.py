@@ -48,6 +48,7 @@ class UpdateResult:
     metrics: dict[str, float]
     skipped: bool
     log_w: Tensor = field(default_factory=lambda: torch.zeros(0))  # [b] sequence log-weight each row had
+    weight: Tensor = field(default_factory=lambda: torch.zeros(0))  # [b] the loss's weight on each row (LossOutput.seq_weight)
 
 
 class Learner:
@@ -145,28 +146,29 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         normalizer = self._normalizer(mb)
-        loss_sum, metrics, log_w = torch.zeros((), device=self.device), [], []
+        loss_sum, metrics, log_w, weight = torch.zeros((), device=self.device), [], [], []
         for micro in self.micro_batches(mb):
             out, row_log_w = self._loss(micro.to(self.device), normalizer)
             out.loss.backward()
             loss_sum = loss_sum + out.loss.detach()
             metrics.append(out.metrics)
             log_w.append(row_log_w)
+            weight.append(out.seq_weight if out.seq_weight is not None else torch.full_like(row_log_w, math.nan))
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         reduced = reduce_metrics(metrics)
         reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/grad_norm_max": grad_norm,
                         "optim/lr": self.scheduler.get_last_lr()[0]})
         reduced = to_floats(reduced)  # the update's one host sync
-        log_w = torch.cat(log_w).cpu()
+        rows = {"log_w": torch.cat(log_w).cpu(), "weight": torch.cat(weight).float().cpu()}
         if not (math.isfinite(reduced["loss/total"]) and math.isfinite(reduced["optim/grad_norm"])):
-            return self._skip(reduced, log_w)
+            return self._skip(reduced, rows)
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0
         reduced["optim/n_skipped"] = 0.0
-        return UpdateResult(reduced, skipped=False, log_w=log_w)
+        return UpdateResult(reduced, skipped=False, **rows)
 
     def _loss(self, micro: TrainBatch, normalizer: float):
         """The loss of one micro-batch (on the learner's device) and its rows' sequence log-weights [b]."""
@@ -184,7 +186,7 @@ class Learner:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
 
-    def _skip(self, metrics: dict[str, float], log_w: Tensor) -> UpdateResult:
+    def _skip(self, metrics: dict[str, float], rows: dict[str, Tensor]) -> UpdateResult:
         """Drop the gradient of a non-finite step: the weights and optimizer state stay untouched."""
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_a_row += 1
@@ -194,7 +196,7 @@ class Learner:
             raise NonFiniteError(f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
                                  f"(loss={metrics['loss/total']}, grad_norm={metrics['optim/grad_norm']}); "
                                  "stopping. The last checkpoint holds the weights before them.")
-        return UpdateResult(metrics, skipped=True, log_w=log_w)
+        return UpdateResult(metrics, skipped=True, **rows)
 
     def _normalizer(self, mb: TrainBatch) -> float:
         """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch."""

@@ -19,6 +19,7 @@ nothing untrained there); resuming one continues bit for bit in sync mode.
 from __future__ import annotations
 
 import json
+import math
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -123,7 +124,7 @@ class Loop:
         result = self.learner.update(batch)
         self.updates_done += 1
         self.source.after_update(self.learner.version)
-        item.lags, item.log_w = lags, result.log_w
+        item.lags, item.log_w, item.weight = lags, result.log_w, result.weight
         metrics = {**item.metrics, **result.metrics, **lag_stats(lags, spans, self.source.max_lag),
                    "perf/update_s_sum": time.perf_counter() - t0}
         if self.on_update is not None:
@@ -222,7 +223,8 @@ class Loop:
 
 
 def sample_rows(run: Run, item: TrainItem, n: int) -> list[dict]:
-    """A few rows of one mini-batch as a user reads them: prompt, completion, reward, advantage, lag, log W."""
+    """A few rows of one mini-batch as a user reads them: prompt, completion, reward, advantage, lag, log W,
+    and the loss's weight on the row (VESPO: phi(W); None where the advantage is 0)."""
     from vespo.rollout.text import decode_responses
 
     b = item.batch
@@ -237,9 +239,14 @@ def sample_rows(run: Run, item: TrainItem, n: int) -> list[dict]:
             "advantage": float(b.advantages[i]),
             "lag": int(item.lags[i]),
             "log_w": float(item.log_w[i]),
+            "weight": _finite_or_none(float(item.weight[i])),
             "truncated": bool(b.truncated[i]),
         })
     return rows
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def print_summary(summary: dict) -> None:

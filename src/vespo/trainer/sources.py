@@ -43,6 +43,7 @@ class TrainItem:
     metrics: dict[str, float] = field(default_factory=dict)  # rollout and behavior metrics that came with it
     lags: Tensor | None = None  # [b] int64, each row's lag when trained (set by the loop)
     log_w: Tensor | None = None  # [b] each row's sequence log-weight in its update (set by the loop)
+    weight: Tensor | None = None  # [b] the loss's weight on each row in its update (set by the loop)
 
 
 class SampleSource(Protocol):
