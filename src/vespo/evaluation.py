@@ -1,4 +1,4 @@
-"""avg@k and pass@k of a policy, per data source, with k set per source (the paper's evaluation: avg@k on AIME, AMC, MATH-500).
+"""avg@k and pass@k of a policy per data source, k set per source (as the paper scores AIME, AMC, MATH-500).
 
 The core is pure: `evaluate` takes a `generate_fn(problems, n) -> n completions per problem`, so it
 runs without a model; with one, it is a `vespo.rollout.TextGenerator` (the decoding path training
