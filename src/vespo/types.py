@@ -41,7 +41,7 @@ class Rollout:
     truncated: Tensor  # [B] bool, hit max_new_tokens before EOS
     version: int  # policy version of the weights that finished the batch
     token_versions: Tensor | None = None  # [B, T] int64, version that sampled each token
-    routed_experts: Tensor | None = None  # [B, T, L, K] int64, MoE experts chosen per token
+    routed_experts: Tensor | None = None  # [B, P+T, L, K] int64, MoE experts routed at each position, -1 if not run
 
     @property
     def batch_size(self) -> int:
@@ -72,7 +72,9 @@ class TrainBatch:
     versions_max: Tensor  # [B] int64, the newest (differs from `versions` for partial rollouts)
     truncated: Tensor  # [B] bool
     old_logp: Tensor | None = None  # [B, T] float32, mu's log-probs used by the loss (set by the learner)
-    routed_experts: Tensor | None = None  # [B, T, L, K] int64
+    # [B, P+T, L, K] int64: the MoE experts every training forward replays at each position of
+    # cat(prompt, response), -1 where the live router chooses (see docs/router_replay.md)
+    routed_experts: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -113,7 +115,11 @@ class TrainBatch:
                 continue
             if name in ("prompt_ids", "prompt_mask"):
                 parts = [pad(p, P, True, pad_id if name == "prompt_ids" else 0) for p in parts]
-            elif name in ("response_ids", "response_mask", "rollout_logp", "old_logp", "routed_experts"):
+            elif name == "routed_experts":  # prompt columns padded left, response columns right
+                parts = [torch.cat([pad(r[:, : b.prompt_ids.shape[1]], P, True, -1),
+                                    pad(r[:, b.prompt_ids.shape[1]:], T, False, -1)], dim=1)
+                         for r, b in zip(parts, batches)]
+            elif name in ("response_ids", "response_mask", "rollout_logp", "old_logp"):
                 parts = [pad(p, T, False, pad_id if name == "response_ids" else 0) for p in parts]
             out[name] = torch.cat(parts, dim=0)
         return TrainBatch(**out)

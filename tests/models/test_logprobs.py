@@ -9,14 +9,11 @@ from vespo.models import (
     build_char_tokenizer,
     chunked_logprobs,
     positions_from_mask,
-    record_routing,
-    response_hidden_states,
     response_logprobs,
     tiny_model,
 )
 from vespo.models import logprobs as logprobs_module
 from vespo.models.logprobs import _chunked, chunk_shape
-from vespo.models.moe import stack_routing
 
 
 def test_hand_worked_two_token_vocab():
@@ -240,32 +237,3 @@ def test_bad_inputs_are_named(tok):
         response_logprobs(model, p_ids, p_mask.flip(1), r_ids, r_mask)
     with pytest.raises(ValueError, match="temperature"):
         response_logprobs(model, p_ids, p_mask, r_ids, r_mask, temperature=0.0)
-    with pytest.raises(ValueError, match="routed_experts"):
-        response_logprobs(tiny_model("qwen3_moe", "nano", tokenizer=tok), p_ids, p_mask, r_ids, r_mask,
-                          routed_experts=torch.zeros(3, 2, 2, 2, dtype=torch.long))
-
-
-def recorded_response_routing(model, batch):
-    """Routing the model itself picks at the positions predicting each response token: [B, T, L, K]."""
-    p_ids, _, r_ids, _ = batch
-    with torch.no_grad(), record_routing(model) as records:
-        response_hidden_states(model, *batch)
-    B, P, T = p_ids.shape[0], p_ids.shape[1], r_ids.shape[1]
-    return stack_routing(records, B, P + T)[:, P - 1 : P + T - 1]
-
-
-def test_router_replay_of_own_routing_changes_nothing_and_other_routing_does(tok):
-    model = tiny_model("qwen3_moe", "nano", tokenizer=tok, seed=5)
-    batch = ragged_batch(len(tok))
-    own = recorded_response_routing(model, batch)  # [B, T, L=2, K=2]
-    assert own.shape == (3, 6, 2, 2) and own.max() < 8
-    free, _ = response_logprobs(model, *batch)
-    replayed, _ = response_logprobs(model, *batch, routed_experts=own)
-    assert torch.allclose(free, replayed, atol=1e-6)
-
-    other = (own + 1) % 8  # every token sent to different experts
-    forced, _ = response_logprobs(model, *batch, routed_experts=other)
-    assert (forced - free).abs().max() > 1e-4
-    forced.sum().backward()
-    router = model.model.layers[0].mlp.gate
-    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0

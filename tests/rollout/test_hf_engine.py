@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from vespo.models import build_char_tokenizer, positions_from_mask, response_logprobs, tiny_model
+from vespo.models import (
+    build_char_tokenizer,
+    positions_from_mask,
+    record_routing,
+    response_hidden_states,
+    response_logprobs,
+    tiny_model,
+)
+from vespo.models.moe import stack_routing
 from vespo.rollout import HFEngine, RolloutEngine, SamplingParams, sampling_logprobs
 
 PROMPTS = ["12+3=", "7*8=", "(1+2)*3=", "9="]
@@ -127,19 +135,53 @@ def test_engine_holds_its_own_weights(tok, prompts):
         engine.load_weights({**model.state_dict(), "extra.weight": torch.zeros(1)}, version=1)
 
 
-def test_moe_routing_is_recorded_and_matches_the_trainer(tok, prompts):
+def own_routing(model, rollout):
+    """The experts the model itself routes at every position of cat(prompt, response): [B, P+T, L, K]."""
+    B, S = rollout.prompt_ids.shape[0], rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1]
+    with torch.no_grad(), record_routing(model) as records:
+        response_hidden_states(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                               rollout.response_mask)
+    return stack_routing(records, B, S)
+
+
+def test_moe_routing_is_recorded_at_every_position(tok, prompts):
     model = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
     rollout = HFEngine(model, tok, record_routing=True).generate(prompts, SamplingParams(max_new_tokens=8), seed=0)
-    B, T = rollout.response_ids.shape
-    assert rollout.routed_experts.shape == (B, T, 2, 2) and rollout.routed_experts.dtype == torch.int64
-    assert (rollout.routed_experts >= 0).all() and (rollout.routed_experts < 8).all()
-    # replaying the recorded experts in float32 reproduces the engine's log-probs
+    (B, P), T = rollout.prompt_ids.shape, rollout.response_ids.shape[1]
+    routed = rollout.routed_experts
+    assert routed.shape == (B, P + T, 2, 2) and routed.dtype == torch.int64
+    # the last sampled token is never fed back: only that column lacks a record
+    assert (routed[:, -1] == -1).all()
+    assert (routed[:, :-1] >= 0).all() and (routed[:, :-1] < 8).all()
+    # a float32 engine routes as the trainer's own full forward does, prompt positions included
+    assert torch.equal(routed[:, :-1], own_routing(model, rollout)[:, :-1])
+    # replaying the record reproduces the engine's log-probs
     with torch.no_grad():
         replayed, _ = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
-                                        rollout.response_mask, routed_experts=rollout.routed_experts)
+                                        rollout.response_mask, routed_experts=routed)
     assert torch.allclose(replayed, rollout.logprobs, atol=1e-5)
     dense = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok), tok, record_routing=True)
     assert dense.generate(prompts, SamplingParams(max_new_tokens=3), seed=0).routed_experts is None
+    assert HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=3), seed=0).routed_experts is None
+
+
+def test_reprefill_after_a_weight_update_rerecords_every_position(tok, prompts):
+    old = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
+    new = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
+    with torch.no_grad():  # new router weights: many positions now route elsewhere
+        for layer in new.model.layers:
+            layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight))
+    engine = HFEngine(old, tok, record_routing=True)
+    state = engine.start(prompts, SamplingParams(max_new_tokens=10), seed=0)
+    engine.advance(state, 4)
+    engine.load_weights(new.state_dict(), version=1)
+    while not engine.advance(state, 3):
+        pass
+    rollout = engine.finish(state)
+    # every position run, old-weight ones included, carries the new weights' routing (the cache's)
+    kept = rollout.routed_experts[:, :-1]
+    assert torch.equal(kept, own_routing(new, rollout)[:, :-1])
+    assert not torch.equal(kept, own_routing(old, rollout)[:, :-1])
 
 
 def test_bad_prompts_are_named(tok):

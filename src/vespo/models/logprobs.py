@@ -37,8 +37,8 @@ def response_logprobs(
     """logp [B, T] float32 (with grad when enabled) and entropy [B, T] detached (or None).
 
     prompt_ids/prompt_mask [B, P] left-padded; response_ids/response_mask [B, T] right-padded.
-    routed_experts [B, T, L, K]: experts to replay at the position that predicts each response
-    token (router replay); prompt positions keep their own routing.
+    routed_experts [B, P+T, L, K]: MoE experts to replay at every position of cat(prompt, response)
+    (router replay, docs/router_replay.md); -1 where the live router chooses.
     chunk_size: tokens per chunk, None (the default) for ``chunk_shape``'s; entropy is only computed
     when with_entropy is True.
     """
@@ -71,7 +71,7 @@ def response_hidden_states(
     position_ids = positions_from_mask(attention_mask)  # [B, P+T]
     body = getattr(model, model.base_model_prefix)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
-    with _maybe_replay(model, routed_experts, response_mask, P):
+    with _maybe_replay(model, routed_experts, input_ids):
         out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, P - 1 : P + T - 1]  # [B, T, H]
 
@@ -275,19 +275,14 @@ def _lm_head(model: nn.Module) -> nn.Linear:
     return head
 
 
-def _maybe_replay(model: nn.Module, routed_experts: Tensor | None, response_mask: Tensor, P: int):
-    """Router replay over the positions predicting response tokens, or a no-op."""
+def _maybe_replay(model: nn.Module, routed_experts: Tensor | None, input_ids: Tensor):
+    """Router replay over every position of input_ids [B, P+T], or a no-op."""
     if routed_experts is None:
         return nullcontext()
-    B, T = response_mask.shape
-    L, K = routed_experts.shape[2], routed_experts.shape[3]
-    if routed_experts.shape[:2] != (B, T):
-        raise ValueError(f"routed_experts must start with [B, T] = {(B, T)}; got {tuple(routed_experts.shape)}")
-    experts = routed_experts.new_zeros(B, P + T, L, K)  # [B, P+T, L, K]
-    where = torch.zeros(B, P + T, dtype=torch.bool, device=response_mask.device)  # [B, P+T]
-    experts[:, P - 1 : P + T - 1] = routed_experts
-    where[:, P - 1 : P + T - 1] = response_mask > 0
-    return replay_routing(model, experts, where)
+    if routed_experts.dim() != 4 or routed_experts.shape[:2] != input_ids.shape:
+        raise ValueError(f"routed_experts must be [B, P+T, L, K] with [B, P+T] = {tuple(input_ids.shape)}; "
+                         f"got {tuple(routed_experts.shape)}")
+    return replay_routing(model, routed_experts)
 
 
 def _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size) -> None:

@@ -3,10 +3,12 @@
 The engine owns a private copy of the policy (optionally in bfloat16 or with another attention
 implementation, which is how train–inference mismatch is produced on purpose). Each step it
 samples from ``sampling_logprobs`` and records the exact log-prob of the sampled token, the
-policy version that sampled it and, for MoE models, the experts routed at the position that
-predicted it. Generation can be split: ``start`` → ``advance`` (repeatedly) → ``finish``; when
-``load_weights`` runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so
-far under the new weights before decoding continues.
+policy version that sampled it and, with ``record_routing`` on a MoE model, the experts routed
+at every position it runs, prompt included (rollout routing replay, R3; docs/router_replay.md).
+Generation can be split: ``start`` → ``advance`` (repeatedly) → ``finish``; when ``load_weights``
+runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so far under the new
+weights before decoding continues. That re-prefill also re-records the routing of every position
+it runs: the routing kept is the newest weights', the one the rebuilt cache was computed with.
 """
 
 from __future__ import annotations
@@ -36,12 +38,11 @@ class GenerationState:
     tokens: list[Tensor] = field(default_factory=list)  # T x [B] int64 (pad after a row ended)
     logprobs: list[Tensor] = field(default_factory=list)  # T x [B] float32
     versions: list[Tensor] = field(default_factory=list)  # T x [B] int64
-    routing: list[Tensor] = field(default_factory=list)  # T x [B, L, K] int64 (MoE + record_routing)
+    routing: list[Tensor] = field(default_factory=list)  # [B, S_i, L, K] int64 per forward since the last prefill
     alive: Tensor | None = None  # [B] bool, row has not produced EOS
     cache: DynamicCache | None = None
     cache_version: int = -1  # engine version the cache was built with
     next_logits: Tensor | None = None  # [B, V] float32, predicting the next token; None = decode due
-    next_routing: Tensor | None = None  # [B, L, K], routing at the position behind next_logits
 
     @property
     def n_generated(self) -> int:
@@ -106,8 +107,7 @@ class HFEngine:
         for _ in range(n_tokens):
             if state.done:
                 break
-            logits, routing = self._next_logits(state)
-            self._sample_step(state, logits, routing)
+            self._sample_step(state, self._next_logits(state))
         return state.done
 
     def finish(self, state: GenerationState) -> Rollout:
@@ -118,7 +118,7 @@ class HFEngine:
         ended = response_ids == self.eos_id
         # a row's mask covers its tokens up to and including its first EOS
         response_mask = (ended.long().cumsum(1) - ended.long() == 0).float()  # [B, T]
-        routed = torch.stack(state.routing, dim=1) if state.routing else None  # [B, T, L, K]
+        routed = _routing_of_positions(state.routing, state.prompt_ids.shape[1] + state.n_generated)
         return Rollout(
             prompt_ids=state.prompt_ids,
             prompt_mask=state.prompt_mask,
@@ -133,13 +133,13 @@ class HFEngine:
 
     # -- decoding ---------------------------------------------------------------------------
 
-    def _next_logits(self, state: GenerationState) -> tuple[Tensor, Tensor | None]:
+    def _next_logits(self, state: GenerationState) -> Tensor:
         """Logits [B, V] for the next token: re-prefill after a weight update, else decode."""
         if state.cache_version != self._version:
             self._prefill(state)
         elif state.next_logits is None:
             self._decode(state)
-        return state.next_logits, state.next_routing
+        return state.next_logits
 
     def _prefill(self, state: GenerationState) -> None:
         """Run prompt + tokens so far through the current weights, building a fresh cache."""
@@ -148,7 +148,9 @@ class HFEngine:
             ids = torch.cat([ids, torch.stack(state.tokens, dim=1)], dim=1)  # [B, P+t]
             mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1]:])], dim=1)
         state.cache = DynamicCache(config=self.model.config)
-        self._forward(state, ids, mask, positions_from_mask(mask))
+        routing = self._forward(state, ids, mask, positions_from_mask(mask))
+        if routing is not None:
+            state.routing = [routing]  # every position so far, re-recorded under the current weights
         state.cache_version = self._version
 
     def _decode(self, state: GenerationState) -> None:
@@ -157,23 +159,30 @@ class HFEngine:
         mask = torch.ones(last.shape[0], state.prompt_mask.shape[1] + state.n_generated, dtype=torch.long)
         mask[:, : state.prompt_mask.shape[1]] = state.prompt_mask
         position = state.prompt_mask.sum(1, keepdim=True) + state.n_generated - 1  # [B, 1]
-        self._forward(state, last, mask, position)
+        routing = self._forward(state, last, mask, position)
+        if routing is not None:
+            state.routing.append(routing)
 
-    def _forward(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor) -> None:
-        """Run the engine model; store last-position logits (and routing) on the state."""
+    def _forward(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor | None:
+        """Run the engine model and store last-position logits on the state.
+
+        Returns the experts routed at the S positions run, [B, S, L, K], when recording routing.
+        """
+        routing = None
         if self.record_routing:
             with record_routing(self.model) as records:
                 out = self._call_model(state, ids, mask, positions)
-            state.next_routing = stack_routing(records, ids.shape[0], ids.shape[1])[:, -1]  # [B, L, K]
+            routing = stack_routing(records, ids.shape[0], ids.shape[1])  # [B, S, L, K]
         else:
             out = self._call_model(state, ids, mask, positions)
         state.next_logits = out.logits[:, -1].float()  # [B, V]
+        return routing
 
     def _call_model(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor):
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache,
                           use_cache=True, logits_to_keep=1)
 
-    def _sample_step(self, state: GenerationState, logits: Tensor, routing: Tensor | None) -> None:
+    def _sample_step(self, state: GenerationState, logits: Tensor) -> None:
         """Sample one token per row from the processed distribution; record its log-prob."""
         logp_all = sampling_logprobs(logits, state.sampling)  # [B, V]
         token = torch.multinomial(logp_all.exp(), 1, generator=state.generator).squeeze(1)  # [B]
@@ -182,10 +191,8 @@ class HFEngine:
         state.tokens.append(token)
         state.logprobs.append(torch.where(state.alive, logp, 0.0))
         state.versions.append(torch.full_like(token, self._version))
-        if routing is not None:
-            state.routing.append(routing.long())
         state.alive = state.alive & (token != self.eos_id)
-        state.next_logits, state.next_routing = None, None
+        state.next_logits = None
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Validate prompts and left-pad them: ids [B, P], mask [B, P]."""
@@ -204,6 +211,19 @@ class HFEngine:
             ids[i, P - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[i, P - len(row):] = 1
         return ids, mask
+
+
+def _routing_of_positions(chunks: list[Tensor], width: int) -> Tensor | None:
+    """The recorded routing of positions 0 .. width-1 (prompt, then response): [B, width, L, K].
+
+    The engine never runs the last sampled token of a batch, so positions it has not run read -1
+    (no record: a replaying forward lets the live router choose there; no log-prob depends on them).
+    """
+    if not chunks:
+        return None
+    routed = torch.cat(chunks, dim=1)  # [B, S, L, K], S <= width
+    missing = routed.new_full((routed.shape[0], width - routed.shape[1], *routed.shape[2:]), -1)
+    return torch.cat([routed, missing], dim=1)
 
 
 def _tied_keys(model: PreTrainedModel) -> set[str]:
