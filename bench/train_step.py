@@ -119,6 +119,8 @@ def child(args) -> None:
 
 def measure(system: str, src: str | None, arch: str, max_new: int, args) -> dict:
     env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     if src:
         env["PYTHONPATH"] = os.path.abspath(src) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--system", system, "--arch", arch,
@@ -144,6 +146,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per measurement (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--base-src", help="another vespo source tree to measure as 'base' (its src/ folder)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per measurement (OMP_NUM_THREADS); 0: torch's default")
     ap.add_argument("--vespo-args", nargs="*", default=[], help="config overrides for vespo, e.g. run.compile=false")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)
@@ -156,7 +159,7 @@ def main() -> None:
     cells = [(a, int(n)) for a in args.archs.split(",") for n in args.lengths.split(",")]
     results: dict[tuple, list[dict]] = {}
     print(f"batch: {P} prompts x {G} responses, N = {N} updates per rollout; vespo args: {args.vespo_args}; "
-          f"{os.cpu_count()} cores; load average {load_average()}", flush=True)
+          f"{args.threads or 'default'} threads, {os.cpu_count()} cores; load average {load_average()}", flush=True)
     for rep in range(args.repeats):
         for name, src in systems:
             for arch, max_new in cells:
