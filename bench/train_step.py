@@ -49,12 +49,12 @@ def vespo_tokens_per_s(arch: str, size: str, max_new: int, steps: int, extra: li
     t0 = time.perf_counter()
     train_step(parts, 0)  # warm-up
     warmup = time.perf_counter() - t0
-    tokens, t0 = 0.0, time.perf_counter()
+    tokens, t0, c0 = 0.0, time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
         tokens += train_step(parts, step)["rollout/tokens"]
-    elapsed = time.perf_counter() - t0
-    return {"tokens_per_s": tokens / elapsed, "warmup_s": warmup, "step_s": elapsed / steps,
-            "tokens_per_step": tokens / steps}
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu, "warmup_s": warmup,
+            "step_s": elapsed / steps, "tokens_per_step": tokens / steps}
 
 
 def trl_tokens_per_s(arch: str, size: str, max_new: int, steps: int) -> dict:
@@ -91,18 +91,21 @@ def trl_tokens_per_s(arch: str, size: str, max_new: int, steps: int) -> dict:
                       seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = Timed(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     times: list[float] = []
+    cpu_times: list[float] = []
     orig = trainer.training_step
 
     def timed_step(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         r = orig(*a, **k)
         times.append(time.perf_counter() - t)
+        cpu_times.append(time.process_time() - c)
         return r
 
     trainer.training_step = timed_step
     trainer.train()
     # the first generation batch and its N training steps are the warm-up
-    return {"tokens_per_s": sum(lengths[1:]) / sum(times[N:]), "warmup_s": sum(times[:N]),
+    return {"tokens_per_s": sum(lengths[1:]) / sum(times[N:]), "tokens_per_cpu_s": sum(lengths[1:]) / sum(cpu_times[N:]),
+            "warmup_s": sum(times[:N]),
             "step_s": sum(times[N:]) / steps, "tokens_per_step": sum(lengths[1:]) / steps}
 
 
@@ -165,23 +168,28 @@ def main() -> None:
             for arch, max_new in cells:
                 r = measure("trl" if name == "trl" else "vespo", src, arch, max_new, args)
                 results.setdefault((name, arch, max_new), []).append(r)
-                print(f"  repeat {rep + 1} {name:<6} {arch:<10} {max_new:>3} new: {r['tokens_per_s']:7.0f} tok/s, "
+                print(f"  repeat {rep + 1} {name:<6} {arch:<10} {max_new:>3} new: {r['tokens_per_s']:7.0f} tok/s "
+                      f"({r['tokens_per_cpu_s']:.0f} per CPU-s), "
                       f"step {r['step_s']:.3f} s, {r['tokens_per_step']:.0f} tok/step, warm-up {r['warmup_s']:.1f} s "
                       f"(load {load_average()})", flush=True)
     print_table(results, systems, cells, args.size)
 
 
 def print_table(results: dict, systems: list, cells: list, size: str) -> None:
+    """Medians and ratios of wall-clock tokens/s, then of tokens per CPU-second (steadier on a busy machine)."""
     names = [n for n, _ in systems]
-    med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in results.items()}
-    head = "".join(f"{n + ' tok/s':>13}" for n in names)
-    extra = "".join(f"{n + ' / trl':>13}" for n in names if n != "trl")
     print(f"\nmedian of {len(next(iter(results.values())))} repeats; load average {load_average()}")
-    print(f"{'model':<18}{'new tok':>8}{head}{extra}")
-    for arch, max_new in cells:
-        row = "".join(f"{med[(n, arch, max_new)]:13.0f}" for n in names)
-        ratios = "".join(f"{med[(n, arch, max_new)] / med[('trl', arch, max_new)]:13.2f}" for n in names if n != "trl")
-        print(f"{arch + '-' + size:<18}{max_new:>8}{row}{ratios}")
+    for key, unit in (("tokens_per_s", "tok/s"), ("tokens_per_cpu_s", "tok/CPU-s")):
+        med = {k: statistics.median(r[key] for r in v) for k, v in results.items()}
+        head = "".join(f"{n + ' ' + unit:>16}" for n in names)
+        extra = "".join(f"{n + ' / trl':>13}" for n in names if n != "trl")
+        print(f"{'model':<18}{'new tok':>8}{head}{extra}")
+        for arch, max_new in cells:
+            row = "".join(f"{med[(n, arch, max_new)]:16.0f}" for n in names)
+            ratios = "".join(f"{med[(n, arch, max_new)] / med[('trl', arch, max_new)]:13.2f}"
+                             for n in names if n != "trl")
+            print(f"{arch + '-' + size:<18}{max_new:>8}{row}{ratios}")
+        print()
 
 
 if __name__ == "__main__":
