@@ -62,8 +62,11 @@ class RolloutConfig:
     engine_dtype: str = opt("float32", "precision of the rollout engine; bfloat16 gives a real train-inference mismatch",
                             choices=["float32", "bfloat16"])
     engine: str = opt("hf", "rollout engine backend", choices=["hf", "vllm"])
-    router_replay: bool = opt(False, "MoE: record the rollout's expert choices and replay them in the training "
-                              "forward pass (R2)")
+    router_replay: str = opt("none", "MoE router replay (docs/router_replay.md): r2 records the experts of the "
+                             "trainer's recompute of mu and replays them in every training forward; r3 records "
+                             "the rollout engine's (prompt included; HF engine only) and replays them in the "
+                             "recompute and every training forward; a no-op on a dense model",
+                             choices=["none", "r2", "r3"])
 
 
 @dataclass

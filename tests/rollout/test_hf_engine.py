@@ -150,11 +150,14 @@ def test_moe_routing_is_recorded_at_every_position(tok, prompts):
     (B, P), T = rollout.prompt_ids.shape, rollout.response_ids.shape[1]
     routed = rollout.routed_experts
     assert routed.shape == (B, P + T, 2, 2) and routed.dtype == torch.int64
-    # the last sampled token is never fed back: only that column lacks a record
-    assert (routed[:, -1] == -1).all()
-    assert (routed[:, :-1] >= 0).all() and (routed[:, :-1] < 8).all()
+    # recorded: every real token but the last column's (the last sampled token is never fed back)
+    real = torch.cat([rollout.prompt_mask > 0, rollout.response_mask > 0], dim=1)  # [B, P+T]
+    real[:, -1] = False
+    has = routed[..., 0, 0] >= 0  # [B, P+T]
+    assert torch.equal(has, real) and torch.equal((routed >= 0).all(-1).all(-1), has) and routed.max() < 8
+    assert (rollout.response_mask[:, :-1] == 0).any()  # some row ended early: padding is unrecorded
     # a float32 engine routes as the trainer's own full forward does, prompt positions included
-    assert torch.equal(routed[:, :-1], own_routing(model, rollout)[:, :-1])
+    assert torch.equal(routed[has], own_routing(model, rollout)[has])
     # replaying the record reproduces the engine's log-probs
     with torch.no_grad():
         replayed, _ = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
@@ -168,9 +171,10 @@ def test_moe_routing_is_recorded_at_every_position(tok, prompts):
 def test_reprefill_after_a_weight_update_rerecords_every_position(tok, prompts):
     old = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
     new = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # new router weights: many positions now route elsewhere
         for layer in new.model.layers:
-            layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight))
+            layer.mlp.gate.weight.add_(torch.randn(layer.mlp.gate.weight.shape, generator=g))
     engine = HFEngine(old, tok, record_routing=True)
     state = engine.start(prompts, SamplingParams(max_new_tokens=10), seed=0)
     engine.advance(state, 4)
@@ -179,9 +183,10 @@ def test_reprefill_after_a_weight_update_rerecords_every_position(tok, prompts):
         pass
     rollout = engine.finish(state)
     # every position run, old-weight ones included, carries the new weights' routing (the cache's)
-    kept = rollout.routed_experts[:, :-1]
-    assert torch.equal(kept, own_routing(new, rollout)[:, :-1])
-    assert not torch.equal(kept, own_routing(old, rollout)[:, :-1])
+    has = rollout.routed_experts[..., 0, 0] >= 0  # [B, P+T]
+    kept = rollout.routed_experts[has]
+    assert torch.equal(kept, own_routing(new, rollout)[has])
+    assert not torch.equal(kept, own_routing(old, rollout)[has])
 
 
 def test_bad_prompts_are_named(tok):

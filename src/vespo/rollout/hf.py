@@ -121,7 +121,8 @@ class HFEngine:
         ended = response_ids == self.eos_id
         # a row's mask covers its tokens up to and including its first EOS
         response_mask = (ended.long().cumsum(1) - ended.long() == 0).float()  # [B, T]
-        routed = _routing_of_positions(state.routing, state.prompt_ids.shape[1] + state.n_generated)
+        real = torch.cat([state.prompt_mask > 0, response_mask > 0], dim=1)  # [B, P+T]
+        routed = _routing_of_positions(state.routing, real)  # [B, P+T, L, K] or None
         return Rollout(
             prompt_ids=state.prompt_ids,
             prompt_mask=state.prompt_mask,
@@ -189,8 +190,8 @@ class HFEngine:
         """Shrink the decode batch to the rows still generating once enough of them have finished.
 
         Copying the cache costs about one decode step's cache append, so rows are dropped only when
-        at least 1/DROP_FRACTION of the batch has finished. Recorded routing keeps every row: it
-        covers every position, padding included.
+        at least 1/DROP_FRACTION of the batch has finished. While routing is recorded every row stays,
+        so the record covers every real token, a row's EOS included.
         """
         if self.record_routing:
             return
@@ -261,17 +262,18 @@ def _distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
     return first, inverse
 
 
-def _routing_of_positions(chunks: list[Tensor], width: int) -> Tensor | None:
-    """The recorded routing of positions 0 .. width-1 (prompt, then response): [B, width, L, K].
+def _routing_of_positions(chunks: list[Tensor], real: Tensor) -> Tensor | None:
+    """The recorded routing of every position of cat(prompt, response): [B, P+T, L, K].
 
-    The engine never runs the last sampled token of a batch, so positions it has not run read -1
-    (no record: a replaying forward lets the live router choose there; no log-prob depends on them).
+    real [B, P+T] bool marks real tokens. Padding and positions the engine never ran (it never
+    feeds back a batch's last sampled token) read -1, no record: a replaying forward lets the live
+    router choose there, and no log-prob depends on them.
     """
     if not chunks:
         return None
-    routed = torch.cat(chunks, dim=1)  # [B, S, L, K], S <= width
-    missing = routed.new_full((routed.shape[0], width - routed.shape[1], *routed.shape[2:]), -1)
-    return torch.cat([routed, missing], dim=1)
+    routed = torch.cat(chunks, dim=1)  # [B, S, L, K], S <= P+T
+    missing = routed.new_full((routed.shape[0], real.shape[1] - routed.shape[1], *routed.shape[2:]), -1)
+    return torch.cat([routed, missing], dim=1).masked_fill(~real[:, :, None, None], -1)
 
 
 def _tied_keys(model: PreTrainedModel) -> set[str]:

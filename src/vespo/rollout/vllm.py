@@ -5,6 +5,11 @@ vLLM for the processed log-probs (after temperature / top-k / top-p), which is w
 as behavior log-probs. Partial rollouts continue a row by resubmitting prompt + tokens so far
 (vLLM's prefix cache makes that cheap); after ``load_weights`` the next ``advance`` therefore
 runs under the new weights. Needs a CUDA device; tested only where one and vLLM are present.
+
+MoE routing: this engine does not report the experts it routed (its ``Rollout.routed_experts``
+is None), so rollout routing replay (``rollout.router_replay=r3``) needs the HF engine; R2 works
+with it. vLLM itself can return them when built with ``enable_return_routed_experts=True``, in a
+layout that has changed between its releases; docs/router_replay.md says what wiring it needs.
 """
 
 from __future__ import annotations

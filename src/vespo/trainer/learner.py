@@ -3,8 +3,13 @@
 It knows nothing about where samples come from: the synchronous loop and the asynchronous
 (Ray) trainer feed it the same `TrainBatch`es.
 
-    learner.behavior_logp(batch)   μ = the trainer's own log-probs of the current weights (no grad)
-    learner.update(minibatch)      one AdamW step; returns metric tensors; skips non-finite steps
+    learner.behavior_logp(batch, replay)   μ = the trainer's own log-probs of the current weights (no grad),
+                                           and the MoE routing every training forward will replay
+    learner.update(minibatch)              one AdamW step; returns metric tensors; skips non-finite steps
+
+Router replay (``replay``, docs/router_replay.md) on a MoE model: ``r2`` records the experts this
+recompute pass chose at every position into ``batch.routed_experts``; ``r3`` replays the engine's
+recorded ones there. Every training forward replays ``batch.routed_experts`` when it is set.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ from torch import Tensor, nn
 
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
-from vespo.models import response_logprobs
+from vespo.models import is_moe, record_routing, response_logprobs
+from vespo.models.moe import stack_routing
 from vespo.types import TrainBatch
+
+
+REPLAY_MODES = ("none", "r2", "r3")
 
 
 class NonFiniteError(RuntimeError):
@@ -47,18 +56,53 @@ class Learner:
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
+        self.moe = is_moe(model)
 
     # ------------------------------------------------------------ behavior policy
 
     @torch.no_grad()
-    def behavior_logp(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
-        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights."""
+    def behavior_logp(self, batch: TrainBatch, replay: str = "none") -> tuple[Tensor, Tensor]:
+        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights.
+
+        Computed on exactly the micro-batches ``update`` will use, so with N = 1 the first update
+        sees W == 1 bit for bit. ``replay`` sets ``batch.routed_experts``, what every training
+        forward over the batch replays (nothing changes on a dense model):
+          none  routes freely and clears batch.routed_experts;
+          r2    routes freely and records its choices at every position into batch.routed_experts;
+          r3    replays batch.routed_experts, the engine's choices (it must be set).
+        """
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
+        if replay == "r3" and self.moe and batch.routed_experts is None:
+            raise ValueError("router replay r3 needs the engine's routing, but batch.routed_experts is None: "
+                             "build the HF engine with record_routing=True (the vLLM backend does not report "
+                             "routing; see docs/router_replay.md)")
+        if replay != "r3":
+            batch.routed_experts = None  # none and r2 route freely here
+        record = replay == "r2" and self.moe
         was_training = self.model.training
         self.model.eval()
-        logp, entropy = response_logprobs(self.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                          batch.response_mask, temperature=self.temperature, with_entropy=True)
+        parts = [self._behavior_micro(micro, record) for micro in self.micro_batches(batch)]
         self.model.train(was_training)
-        return logp, entropy
+        if record:
+            batch.routed_experts = torch.cat([routing for _, _, routing in parts])  # [B, P+T, L, K]
+        return torch.cat([logp for logp, _, _ in parts]), torch.cat([ent for _, ent, _ in parts])
+
+    def _behavior_micro(self, micro: TrainBatch, record: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """logp [b, T], entropy [b, T] and, when recording, the routing of every position [b, P+T, L, K]."""
+        if not record:
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+            return logp, entropy, None
+        with record_routing(self.model) as records:
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+        b, S = micro.prompt_ids.shape[0], micro.prompt_ids.shape[1] + micro.response_ids.shape[1]
+        return logp, entropy, stack_routing(records, b, S)
+
+    def _logprobs(self, micro: TrainBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set."""
+        return response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                 micro.response_mask, temperature=self.temperature, with_entropy=with_entropy,
+                                 routed_experts=micro.routed_experts)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -89,9 +133,7 @@ class Learner:
         return UpdateResult(reduced, skipped=False)
 
     def _loss(self, micro: TrainBatch, normalizer: float):
-        logp, _ = response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                    micro.response_mask, temperature=self.temperature, with_entropy=False,
-                                    routed_experts=micro.routed_experts)
+        logp, _ = self._logprobs(micro, with_entropy=False)  # replays micro.routed_experts when set
         return self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
                             normalizer=normalizer, rollout_logp=micro.rollout_logp)
 

@@ -112,7 +112,8 @@ def build(cfg: Config, log=print) -> Parts:
     else:
         from vespo.models import is_moe
 
-        engine = HFEngine(policy, tok, dtype=r.engine_dtype, record_routing=r.router_replay and is_moe(policy))
+        engine = HFEngine(policy, tok, dtype=r.engine_dtype,
+                          record_routing=r.router_replay == "r3" and is_moe(policy))
     stream = PromptStream(train, seed=cfg.run.seed)
     reward_fn = build_reward(cfg, task)
     total_updates = cfg.run.steps * cfg.staleness.n

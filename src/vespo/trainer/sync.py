@@ -108,18 +108,12 @@ def set_behavior(parts: Parts, minibatches: list[TrainBatch]) -> dict[str, float
     """Set each mini-batch's old_logp (μ) and measure the engine-vs-trainer mismatch.
 
     The trainer's log-probs are computed on exactly the micro-batches the update will use, so
-    with N = 1 the first update sees W == 1 bit for bit.
+    with N = 1 the first update sees W == 1 bit for bit; router replay as rollout.router_replay says.
     """
     learner, behavior = parts.learner, parts.cfg.staleness.behavior
     stats = []
     for mb in minibatches:
-        recomputed, entropy = [], []
-        for micro in learner.micro_batches(mb):
-            logp, ent = learner.behavior_logp(micro)
-            recomputed.append(logp)
-            entropy.append(ent)
-        logp = torch.cat(recomputed)  # [b, T]
-        ent = torch.cat(entropy)
+        logp, ent = learner.behavior_logp(mb, parts.cfg.rollout.router_replay)  # [b, T] each
         mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
         stats.append(to_floats({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
                                 "rollout/entropy": masked_mean(ent, mb.response_mask)}))

@@ -45,7 +45,7 @@ class RolloutWorker:
         from vespo.models import is_moe
 
         engine = HFEngine(policy, tok, dtype=cfg.rollout.engine_dtype,
-                          record_routing=cfg.rollout.router_replay and is_moe(policy))
+                          record_routing=cfg.rollout.router_replay == "r3" and is_moe(policy))
         del policy
         self.engine = engine
         self.producer = RolloutProducer(engine, tok, None, build_reward(cfg, _task(cfg)), sampling,
