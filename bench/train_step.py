@@ -104,9 +104,9 @@ def trl_tokens_per_s(arch: str, size: str, max_new: int, steps: int) -> dict:
     trainer.training_step = timed_step
     trainer.train()
     # the first generation batch and its N training steps are the warm-up
-    return {"tokens_per_s": sum(lengths[1:]) / sum(times[N:]), "tokens_per_cpu_s": sum(lengths[1:]) / sum(cpu_times[N:]),
-            "warmup_s": sum(times[:N]),
-            "step_s": sum(times[N:]) / steps, "tokens_per_step": sum(lengths[1:]) / steps}
+    tokens = sum(lengths[1:])
+    return {"tokens_per_s": tokens / sum(times[N:]), "tokens_per_cpu_s": tokens / sum(cpu_times[N:]),
+            "warmup_s": sum(times[:N]), "step_s": sum(times[N:]) / steps, "tokens_per_step": tokens / steps}
 
 
 def child(args) -> None:
@@ -149,7 +149,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per measurement (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--base-src", help="another vespo source tree to measure as 'base' (its src/ folder)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per measurement (OMP_NUM_THREADS); 0: torch's default")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads per measurement (OMP_NUM_THREADS); 0: torch's default")
     ap.add_argument("--vespo-args", nargs="*", default=[], help="config overrides for vespo, e.g. run.compile=false")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 from vespo.models.moe import replay_routing
 
@@ -33,6 +34,7 @@ def response_logprobs(
     chunk_size: int | None = None,
     with_entropy: bool = True,
     routed_experts: Tensor | None = None,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """logp [B, T] float32 (with grad when enabled) and entropy [B, T] detached (or None).
 
@@ -41,9 +43,17 @@ def response_logprobs(
     (router replay, docs/router_replay.md); -1 where the live router chooses.
     chunk_size: tokens per chunk, None (the default) for ``chunk_shape``'s; entropy is only computed
     when with_entropy is True.
+    share_prompts: run each distinct prompt once for all the rows that share it (see
+    ``shared_prompt_hidden_states``): the same numbers up to float rounding, faster for groups.
+    The model then runs twice (prompts, responses) rather than once over cat(prompt, response),
+    so it cannot be combined with routed_experts, nor with hooks that expect that one pass.
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size)
-    hidden = response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
+    if share_prompts and routed_experts is not None:
+        raise ValueError("share_prompts cannot replay routed_experts: router replay indexes one pass over "
+                         "cat(prompt, response)")
+    states = shared_prompt_hidden_states if share_prompts else response_hidden_states
+    hidden = states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
     valid = response_mask > 0  # [B, T]
     head = _lm_head(model)
     logp_valid, ent_valid = _chunked(
@@ -65,7 +75,10 @@ def response_hidden_states(
     response_mask: Tensor,
     routed_experts: Tensor | None = None,
 ) -> Tensor:
-    """Final hidden states at the positions that predict each response token: [B, T, H]."""
+    """Final hidden states at the positions that predict each response token: [B, T, H].
+
+    One forward over every position of cat(prompt, response) (replaying routed_experts if given).
+    """
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [B, P+T]
     attention_mask = torch.cat([prompt_mask.long(), (response_mask > 0).long()], dim=1)  # [B, P+T]
     position_ids = positions_from_mask(attention_mask)  # [B, P+T]
@@ -74,6 +87,58 @@ def response_hidden_states(
     with _maybe_replay(model, routed_experts, input_ids):
         out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, P - 1 : P + T - 1]  # [B, T, H]
+
+
+def shared_prompt_hidden_states(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    routed_experts: Tensor | None = None,
+) -> Tensor:
+    """``response_hidden_states`` with each distinct prompt run once: [B, T, H].
+
+    Rows with the same prompt (the G responses of a group) share one pass over it: each distinct
+    prompt runs once, its KV cache is copied to the rows that share it (a differentiable gather,
+    so their gradients add up), and the responses run on top of it. The last response position
+    predicts nothing and is not run. routed_experts must be None (router replay needs one pass).
+    """
+    if routed_experts is not None or response_ids.shape[1] == 0:
+        return response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
+    body = getattr(model, model.base_model_prefix)
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    attention_mask = torch.cat([prompt_mask.long(), (response_mask[:, :-1] > 0).long()], dim=1)  # [B, P+T-1]
+    position_ids = positions_from_mask(attention_mask)  # [B, P+T-1]
+    distinct, copies = distinct_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))  # [U], [B]
+    if distinct is None:  # no prompt is shared: one pass over cat(prompt, response[:-1])
+        input_ids = torch.cat([prompt_ids, response_ids[:, :-1]], dim=1)  # [B, P+T-1]
+        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return out.last_hidden_state[:, P - 1 :]  # [B, T, H]
+    cache = DynamicCache(config=model.config)
+    prompt = body(input_ids=prompt_ids[distinct], attention_mask=prompt_mask[distinct].long(),
+                  position_ids=position_ids[distinct, :P], cache=cache, use_cache=True).last_hidden_state  # [U, P, H]
+    cache.batch_select_indices(copies)  # [B, ...]: every row gets its prompt's keys and values
+    first = prompt[copies, -1:]  # [B, 1, H], predicts response token 0
+    if T == 1:
+        return first
+    rest = body(input_ids=response_ids[:, :-1], attention_mask=attention_mask, position_ids=position_ids[:, P:],
+                cache=cache, use_cache=True).last_hidden_state  # [B, T-1, H]
+    return torch.cat([first, rest], dim=1)  # [B, T, H]
+
+
+def distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """One representative of each distinct row of ``rows`` [B, S], and which one each row is.
+
+    Returns (indices [U] of the first copy of each distinct row, index [B] into those U), or
+    (None, None) when all B rows differ. E.g. rows a, b, a -> ([0, 1], [0, 1, 0]).
+    """
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)  # [U, S], [B]
+    if unique.shape[0] == rows.shape[0]:
+        return None, None
+    first = torch.full((unique.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), reduce="amin")  # [U]
+    return first, inverse
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:

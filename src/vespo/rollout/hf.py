@@ -21,7 +21,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from vespo.models.loading import resolve_dtype
-from vespo.models.logprobs import positions_from_mask
+from vespo.models.logprobs import distinct_rows, positions_from_mask
 from vespo.models.moe import is_moe, record_routing, stack_routing
 from vespo.rollout.base import SamplingParams, sampling_logprobs
 from vespo.types import Rollout
@@ -157,7 +157,7 @@ class HFEngine:
             mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1]:])], dim=1)
             distinct, copies = None, None
         else:
-            distinct, copies = _distinct_rows(torch.cat([ids, mask], dim=1))  # [U], [B]
+            distinct, copies = distinct_rows(torch.cat([ids, mask], dim=1))  # [U], [B]
         state.cache = DynamicCache(config=self.model.config)
         if distinct is None:
             routing = self._forward(state, ids, mask, positions_from_mask(mask))
@@ -250,16 +250,6 @@ class HFEngine:
             ids[i, P - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[i, P - len(row):] = 1
         return ids, mask
-
-
-def _distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """(indices of one copy of each distinct row [U], the distinct row each row is [B]), or (None, None) if all differ."""
-    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)  # [U, S], [B]
-    if unique.shape[0] == rows.shape[0]:
-        return None, None
-    first = torch.full((unique.shape[0],), rows.shape[0], dtype=torch.long)
-    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0]), reduce="amin")  # [U]
-    return first, inverse
 
 
 def _routing_of_positions(chunks: list[Tensor], real: Tensor) -> Tensor | None:

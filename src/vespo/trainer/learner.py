@@ -94,15 +94,21 @@ class Learner:
             logp, entropy = self._logprobs(micro, with_entropy=True)
             return logp, entropy, None
         with record_routing(self.model) as records:
-            logp, entropy = self._logprobs(micro, with_entropy=True)
+            logp, entropy = self._logprobs(micro, with_entropy=True, share_prompts=False)  # one pass: P+T positions
         b, S = micro.prompt_ids.shape[0], micro.prompt_ids.shape[1] + micro.response_ids.shape[1]
         return logp, entropy, stack_routing(records, b, S)
 
-    def _logprobs(self, micro: TrainBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set."""
+    def _logprobs(self, micro: TrainBatch, with_entropy: bool,
+                  share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set.
+
+        Without replay, each of the micro-batch's distinct prompts runs once (``share_prompts``);
+        μ and the update take the same path, so with N = 1 they still agree bit for bit.
+        """
+        share_prompts = share_prompts and micro.routed_experts is None
         return response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
                                  micro.response_mask, temperature=self.temperature, with_entropy=with_entropy,
-                                 routed_experts=micro.routed_experts)
+                                 routed_experts=micro.routed_experts, share_prompts=share_prompts)
 
     # ------------------------------------------------------------ one optimizer step
 
