@@ -9,7 +9,8 @@ accuracy; each rollout batch is N x (8 prompts x 8 responses) = 2048 responses, 
 mini-batches of 64, one optimizer step each, 512 optimizer steps in all (16 rollout steps); VESPO
 loss; held-out evaluation (128 problems, sampled and greedy) before and after, as a sweep run does.
 Each run is a `vespo train` process with one torch thread, two run side by side (seeds 0 and 1),
-as `vespo sweep --jobs 2` runs them on two cores.
+as `vespo sweep --jobs 2` runs them on two cores. The CPU seconds each run used are reported too:
+other work on the machine slows the wall clock but barely the CPU time of a one-thread process.
 
 The warm starts are computed first, untimed, into a cache both versions read (a sweep also
 warm-starts once per seed). A round times two runs of one version, then two of the other (the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -64,9 +66,10 @@ def warm_starts(src: Path, work: Path, extra: list[str]) -> None:
         raise RuntimeError("warm start failed")
 
 
-def pair_wall_time(src: Path, work: Path, extra: list[str]) -> float:
-    """Wall time of two runs (one per seed) started together."""
+def pair_times(src: Path, work: Path, extra: list[str]) -> tuple[float, float]:
+    """Wall time of two runs (one per seed) started together, and their CPU seconds per run."""
     shutil.rmtree(work, ignore_errors=True)
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     procs = []
     for seed in SEEDS:
@@ -78,7 +81,12 @@ def pair_wall_time(src: Path, work: Path, extra: list[str]) -> float:
         if p.wait() != 0:
             raise RuntimeError(f"run failed; see {log.name}")
         log.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, (_children_cpu() - cpu0) / len(SEEDS)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def load_average() -> str:
@@ -99,16 +107,21 @@ def main() -> None:
     print(f"load average {load_average()}; warm starts ...", flush=True)
     warm_starts(HERE, work / "warm", shared)
     walls: dict[str, list[float]] = {"this": [], "base": []}
+    cpus: dict[str, list[float]] = {"this": [], "base": []}
     for r in range(args.rounds):
         for name in (("base", "this") if r % 2 == 0 else ("this", "base")):
             src, extra = versions[name]
-            wall = pair_wall_time(src, work / name, extra)
+            wall, cpu = pair_times(src, work / name, extra)
             walls[name].append(wall)
-            print(f"round {r + 1} {name:<5} 2 runs in {wall:6.1f} s = {2 * 3600 / wall:6.1f} runs/hour "
-                  f"(load {load_average()})", flush=True)
-    med = {k: statistics.median(v) for k, v in walls.items()}
-    print(f"\nmedian of {args.rounds} rounds: base {2 * 3600 / med['base']:.1f} runs/hour, "
-          f"this {2 * 3600 / med['this']:.1f} runs/hour, ratio this / base = {med['base'] / med['this']:.2f}")
+            cpus[name].append(cpu)
+            print(f"round {r + 1} {name:<5} 2 runs in {wall:6.1f} s = {2 * 3600 / wall:6.1f} runs/hour; "
+                  f"{cpu:6.1f} CPU-s per run (load {load_average()})", flush=True)
+    wall = {k: statistics.median(v) for k, v in walls.items()}
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
+    print(f"\nmedian of {args.rounds} rounds: base {2 * 3600 / wall['base']:.1f} runs/hour, "
+          f"this {2 * 3600 / wall['this']:.1f} runs/hour, ratio this / base = {wall['base'] / wall['this']:.2f}")
+    print(f"CPU seconds per run: base {cpu['base']:.1f}, this {cpu['this']:.1f}, ratio base / this = "
+          f"{cpu['base'] / cpu['this']:.2f} (what the wall-clock ratio tends to on an idle two-core machine)")
 
 
 if __name__ == "__main__":
