@@ -11,7 +11,7 @@ mini-batches of 64; no warm start, so answers run to the cap of 18 tokens). Afte
 (they pay compilation), --steps steps are timed. Each stage is timed by wrapping the function that
 does it; times are exclusive (a stage nested in another is not counted twice) and in CPU seconds
 of this process (time.process_time), so a busy machine slows the wall clock but barely these
-figures. "host syncs" counts tensor-to-Python conversions (.item(), .tolist(), float(), int(),
+figures; --wall times them by the wall clock instead (for several threads). "host syncs" counts tensor-to-Python conversions (.item(), .tolist(), float(), int(),
 bool() of a tensor) per step; on CPU each is one more small operation, not a device wait.
 """
 
@@ -33,15 +33,16 @@ LAB = ["model.size=xs", "warmstart.enabled=false", "task.name=reverse", "task.op
 
 
 class StageTimer:
-    """Exclusive CPU time per stage: entering a stage pauses the one it is nested in."""
+    """Exclusive time per stage (CPU or wall clock): entering a stage pauses the one it is nested in."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.process_time) -> None:
+        self.clock = clock
         self.totals: dict[str, float] = defaultdict(float)
         self.stack: list[list] = []  # [name, start]
 
     @contextmanager
     def stage(self, name: str):
-        now = time.process_time()
+        now = self.clock()
         if self.stack:
             outer = self.stack[-1]
             self.totals[outer[0]] += now - outer[1]
@@ -50,7 +51,7 @@ class StageTimer:
             yield
         finally:
             done = self.stack.pop()
-            now = time.process_time()
+            now = self.clock()
             self.totals[done[0]] += now - done[1]
             if self.stack:
                 self.stack[-1][1] = now
@@ -112,6 +113,8 @@ def main() -> None:
     ap.add_argument("--lab", action="store_true", help="the lab setting of bench/lab_runs.py instead")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--wall", action="store_true", help="time stages by the wall clock instead of CPU time "
+                    "(with several threads, CPU time counts every thread, spinning included)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     from vespo.config import load_config
@@ -123,7 +126,7 @@ def main() -> None:
     parts = build(cfg)
     for step in range(args.warmup):
         train_step(parts, step)
-    timer, counter = StageTimer(), defaultdict(int)
+    timer, counter = StageTimer(time.perf_counter if args.wall else time.process_time), defaultdict(int)
     instrument(parts, timer)
     count_host_syncs(counter)
     tokens, wall = 0.0, time.perf_counter()
@@ -134,11 +137,12 @@ def main() -> None:
     total = sum(timer.totals.values())
     print(f"{cfg.model.arch}, {len(parts.learner.params)} parameter tensors, {torch.get_num_threads()} threads; "
           f"{tokens / args.steps:.0f} completion tokens per step")
-    print(f"{'stage':<28}{'CPU s/step':>11}{'share':>8}")
+    unit = "wall s/step" if args.wall else "CPU s/step"
+    print(f"{'stage':<28}{unit:>11}{'share':>8}")
     for name, t in sorted(timer.totals.items(), key=lambda kv: -kv[1]):
         print(f"{name:<28}{t / args.steps:11.4f}{t / total:8.1%}")
     print(f"{'total':<28}{total / args.steps:11.4f}   ({wall / args.steps:.4f} s/step wall, "
-          f"{tokens / total:.0f} tokens per CPU-s)")
+          f"{tokens / total:.0f} tokens per {'s' if args.wall else 'CPU-s'})")
     print(f"{'host syncs':<28}{counter['host syncs'] / args.steps:11.0f} per step")
 
 

@@ -11,6 +11,7 @@ Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 
 import torch
@@ -139,6 +140,33 @@ def distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
     first = torch.full((unique.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
     first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), reduce="amin")  # [U]
     return first, inverse
+
+
+def compile_decoder_layers(model: nn.Module) -> bool:
+    """torch.compile each decoder layer of ``model`` in place; False (and a warning) if this machine cannot.
+
+    The layers are where the FLOPs and the many small elementwise ops are; compiling them fuses
+    the norms, rotary embedding and gated MLP into a few kernels, while masks, the KV cache and the
+    LM head stay eager. Shapes are dynamic (batch and length change every step), so one graph per
+    layer serves every batch. A first compilation is checked on a tiny function; if it fails (no C++
+    compiler, an unsupported platform), the layers stay eager.
+    """
+    try:
+        torch.compile(lambda x: x * 2.0, dynamic=False)(torch.ones(2))
+    except Exception as e:  # noqa: BLE001 - any failure means: run eager
+        warnings.warn(f"torch.compile is unavailable here ({type(e).__name__}: {e}); running eager", stacklevel=2)
+        return False
+    for layer in _decoder_layers(model):
+        layer.compile(dynamic=True)
+    return True
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    body = getattr(model, model.base_model_prefix)
+    layers = getattr(body, "layers", None)
+    if layers is None:
+        raise TypeError(f"compile_decoder_layers needs a model whose body has .layers; got {type(body).__name__}")
+    return list(layers)
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
-from vespo.models import is_moe, record_routing, response_logprobs
+from vespo.models import compile_decoder_layers, is_moe, record_routing, response_logprobs
 from vespo.models.moe import stack_routing
 from vespo.types import TrainBatch
 
@@ -38,12 +38,15 @@ class NonFiniteError(RuntimeError):
 class UpdateResult:
     metrics: dict[str, Tensor | float]
     skipped: bool
+    logp: Tensor | None = None  # [b, T] the update's own log-probs, detached (when asked for)
+    entropy: Tensor | None = None  # [b, T] their entropy, detached (when asked for)
 
 
 class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
-                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3):
+                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3, compile: bool = False):
         self.model = model
+        self.compiled = compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
         self.spec = get_loss(loss_name)
         self.loss_cfg = self.spec.config_cls(**loss_options)
         self.optim_cfg = optim
@@ -113,19 +116,50 @@ class Learner:
 
     # ------------------------------------------------------------ one optimizer step
 
-    def update(self, mb: TrainBatch) -> UpdateResult:
-        """One optimizer step on mini-batch ``mb`` (its ``old_logp`` must be set)."""
-        if mb.old_logp is None:
+    def shares_behavior_forward(self, replay: str = "none") -> bool:
+        """Whether a lag-0 mini-batch may take μ from its own update's forward (``update(own_behavior=True)``).
+
+        At lag 0 the weights are still those μ is defined by, so the update's forward, detached, is
+        the recompute itself, provided a train-mode forward equals an eval-mode one (no dropout)
+        and μ's pass records nothing the update needs (R2 records routing in it).
+        """
+        return not (replay == "r2" and self.moe) and _dropout_free(self.model)
+
+    def update(self, mb: TrainBatch, own_behavior: bool = False, report_logp: bool = False) -> UpdateResult:
+        """One optimizer step on mini-batch ``mb``.
+
+        ``mb.old_logp`` must be set, unless ``own_behavior``: then μ is this update's own forward,
+        detached (one forward instead of two, and W == 1 bit for bit), which is right for a lag-0
+        mini-batch when ``shares_behavior_forward``; it is stored in ``mb.old_logp``. With
+        ``own_behavior`` or ``report_logp`` the result carries the forward's log-probs and entropy.
+        """
+        if mb.old_logp is None and not own_behavior:
             raise ValueError("mini-batch has no old_logp: set the behavior log-probs before update()")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         normalizer = self._normalizer(mb)
-        loss_sum, metrics = torch.zeros(()), []
+        report = own_behavior or report_logp
+        loss_sum, metrics, logps, entropies = torch.zeros(()), [], [], []
         for micro in self.micro_batches(mb):
-            out = self._loss(micro, normalizer)
+            logp, entropy = self._logprobs(micro, with_entropy=report)  # replays micro.routed_experts when set
+            if own_behavior:
+                micro.old_logp = logp.detach()
+            out = self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
+                               normalizer=normalizer, rollout_logp=micro.rollout_logp)
             out.loss.backward()
             loss_sum = loss_sum + out.loss.detach()
             metrics.append(out.metrics)
+            logps.append(logp.detach())
+            entropies.append(entropy)
+        if own_behavior:
+            mb.old_logp = torch.cat(logps)  # [b, T]
+        result = self._step(loss_sum, metrics)
+        if report:
+            result.logp, result.entropy = torch.cat(logps), torch.cat(entropies)
+        return result
+
+    def _step(self, loss_sum: Tensor, metrics: list[dict]) -> UpdateResult:
+        """Clip, check and apply the accumulated gradient."""
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         reduced = _mean_metrics(metrics)
@@ -138,11 +172,6 @@ class Learner:
         self.nonfinite_in_a_row = 0
         reduced["optim/skipped"] = 0.0
         return UpdateResult(reduced, skipped=False)
-
-    def _loss(self, micro: TrainBatch, normalizer: float):
-        logp, _ = self._logprobs(micro, with_entropy=False)  # replays micro.routed_experts when set
-        return self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
-                            normalizer=normalizer, rollout_logp=micro.rollout_logp)
 
     def _skip(self, metrics: dict) -> UpdateResult:
         """Drop the gradient of a non-finite step: the weights and optimizer state stay untouched."""
@@ -181,6 +210,14 @@ class Learner:
         self.version = state["version"]
         self.nonfinite_in_a_row = state["nonfinite_in_a_row"]
         self.nonfinite_total = state["nonfinite_total"]
+
+
+def _dropout_free(model: nn.Module) -> bool:
+    """No dropout anywhere (modules or config rates): a train-mode forward equals an eval-mode one."""
+    config = vars(getattr(model, "config", None) or object())
+    rates = [v for k, v in config.items() if "dropout" in k and isinstance(v, float)]
+    rates += [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    return all(rate == 0 for rate in rates)
 
 
 def _schedule(optim: OptimConfig, total: int):

@@ -118,6 +118,6 @@ def build(cfg: Config, log=print) -> Parts:
     reward_fn = build_reward(cfg, task)
     total_updates = cfg.run.steps * cfg.staleness.n
     learner = Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, total_updates,
-                      temperature=r.temperature, max_nonfinite=cfg.run.max_nonfinite_steps)
+                      temperature=r.temperature, max_nonfinite=cfg.run.max_nonfinite_steps, compile=cfg.run.compile)
     producer = RolloutProducer(engine, tok, stream, reward_fn, sampling, r.group_size, cfg.advantage)
     return Parts(cfg, policy, tok, engine, task, stream, held_out, reward_fn, sampling, learner, producer, ws_stats)

@@ -87,12 +87,20 @@ def train_step(parts: Parts, step: int) -> dict[str, float]:
                                             first_group_id=step * cfg.rollout.prompts_per_step)
     gen = torch.Generator().manual_seed(step_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
     minibatches = split_minibatches(batch, cfg.staleness.n, gen)
-    metrics.update(set_behavior(parts, minibatches))  # all before the first update: μ = version-v weights
+    # mini-batch 0 is trained at lag 0, on the weights μ is defined by: its update's forward is μ
+    shared = learner.shares_behavior_forward(cfg.rollout.router_replay)
+    behavior = behavior_per_minibatch(parts, minibatches[1:] if shared else minibatches)  # before any update
     updates = []
-    for mb in minibatches:
+    for j, mb in enumerate(minibatches):
         lag = (learner.version - mb.versions).float()  # [b] versions the policy moved since sampling
-        result = learner.update(mb)
+        own = shared and j == 0
+        if own and cfg.staleness.behavior == "rollout":
+            mb.old_logp = mb.rollout_logp
+        result = learner.update(mb, own_behavior=own and mb.old_logp is None, report_logp=own)
+        if own:
+            behavior.append(behavior_metrics(mb, result.logp, result.entropy))
         updates.append(to_floats({**result.metrics, "staleness/lag_mean": lag.mean(), "staleness/lag_max": lag.max()}))
+    metrics.update(mean_of(behavior))
     metrics.update(mean_of(updates))
     metrics["staleness/lag_max"] = max(u["staleness/lag_max"] for u in updates)
     metrics["optim/skipped"] = sum(u["optim/skipped"] for u in updates)
@@ -105,7 +113,12 @@ def train_step(parts: Parts, step: int) -> dict[str, float]:
 
 
 def set_behavior(parts: Parts, minibatches: list[TrainBatch]) -> dict[str, float]:
-    """Set each mini-batch's old_logp (μ) and measure the engine-vs-trainer mismatch.
+    """Set each mini-batch's old_logp (μ) and measure the engine-vs-trainer mismatch (mean over them)."""
+    return mean_of(behavior_per_minibatch(parts, minibatches))
+
+
+def behavior_per_minibatch(parts: Parts, minibatches: list[TrainBatch]) -> list[dict[str, float]]:
+    """Set each mini-batch's old_logp (μ); returns each one's engine-vs-trainer mismatch metrics.
 
     The trainer's log-probs are computed on exactly the micro-batches the update will use, so
     with N = 1 the first update sees W == 1 bit for bit; router replay as rollout.router_replay says.
@@ -115,9 +128,14 @@ def set_behavior(parts: Parts, minibatches: list[TrainBatch]) -> dict[str, float
     for mb in minibatches:
         logp, ent = learner.behavior_logp(mb, parts.cfg.rollout.router_replay)  # [b, T] each
         mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
-        stats.append(to_floats({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
-                                "rollout/entropy": masked_mean(ent, mb.response_mask)}))
-    return mean_of(stats)
+        stats.append(behavior_metrics(mb, logp, ent))
+    return stats
+
+
+def behavior_metrics(mb: TrainBatch, logp: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:
+    """Engine-vs-trainer mismatch and the policy's entropy on one mini-batch's responses."""
+    return to_floats({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
+                      "rollout/entropy": masked_mean(entropy, mb.response_mask)})
 
 
 def step_seed(cfg: Config, step: int, stream: int) -> int:
