@@ -105,7 +105,7 @@ class HFEngine:
         alive = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)  # [B]
         return GenerationState(prompt_ids=ids, prompt_mask=mask, sampling=sampling, generator=generator, alive=alive)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # lighter than no_grad per op; finish() turns the state into normal tensors
     def advance(self, state: GenerationState, n_tokens: int) -> bool:
         for _ in range(n_tokens):
             if state.done:
