@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vespo.models import build_char_tokenizer, response_logprobs, tiny_model
-from vespo.models.logprobs import distinct_rows
+from vespo.models import logprobs
+from vespo.models.logprobs import distinct_rows, length_groups
 
 
 def test_distinct_rows_hand_worked():
@@ -20,6 +21,16 @@ def test_distinct_rows_hand_worked():
     rows = torch.tensor([a, b, a, c, b])
     assert torch.equal(rows[first][which], rows)  # every row is its representative
     assert distinct_rows(torch.tensor([a, b, c])) == (None, None)
+
+
+def test_length_groups_hand_worked():
+    # overhead 8: {64, 60} then {3, 2} costs (8 + 2*64) + (8 + 2*3) = 150; one group 8 + 4*64 = 264;
+    # {64}, {60}, {3, 2} 72 + 68 + 14 = 154
+    assert length_groups([64, 3, 60, 2], 8) == [([0, 2], 64), ([1, 3], 3)]
+    # overhead 200: one group (200 + 4*64 = 456) beats two (400 + 134 = 534)
+    assert length_groups([64, 3, 60, 2], 200) == [([0, 2, 1, 3], 64)]  # rows longest first
+    assert length_groups([5, 5, 5], 0) == [([0, 1, 2], 5)]  # equal lengths never split
+    assert length_groups([], 8) == []
 
 
 def grouped_batch(tok, groups=4, G=6, T=9, seed=0):
@@ -49,7 +60,9 @@ def logprobs_and_grads(model, batch, share_prompts, coef):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
 @pytest.mark.parametrize("T", [1, 9])
-def test_shared_prompts_match_one_pass(arch, T):
+@pytest.mark.parametrize("overhead", [0, 10**9])  # every distinct length its own run / one run for all
+def test_shared_prompts_match_one_pass(arch, T, overhead, monkeypatch):
+    monkeypatch.setattr(logprobs, "GROUP_OVERHEAD_TOKENS", overhead)
     tok = build_char_tokenizer()
     model = tiny_model(arch, "xs", tokenizer=tok, seed=1)
     batch = grouped_batch(tok, T=T)

@@ -98,15 +98,62 @@ def shared_prompt_hidden_states(
     response_mask: Tensor,
     routed_experts: Tensor | None = None,
 ) -> Tensor:
-    """``response_hidden_states`` with each distinct prompt run once: [B, T, H].
+    """``response_hidden_states`` without repeated prompts or padding runs: [B, T, H] (0 past a row's end).
 
-    Rows with the same prompt (the G responses of a group) share one pass over it: each distinct
-    prompt runs once, its KV cache is copied to the rows that share it (a differentiable gather,
-    so their gradients add up), and the responses run on top of it. The last response position
-    predicts nothing and is not run. routed_experts must be None (router replay needs one pass).
+    Rows are grouped by response length (``length_groups``) and each group runs only as far as
+    its longest response, so short answers do not pay for the batch's longest one. Within a
+    group, rows with the same prompt (the G responses of a group) share one pass over it: each
+    distinct prompt runs once, its KV cache is copied to the rows that share it (a differentiable
+    gather, so their gradients add up), and the responses run on top of it. The last response
+    position predicts nothing and is not run. routed_experts must be None (router replay needs one
+    pass over every position).
     """
-    if routed_experts is not None or response_ids.shape[1] == 0:
+    if routed_experts is not None or 0 in response_ids.shape:
         return response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
+    B, T = response_ids.shape
+    lengths = (response_mask > 0).sum(dim=1).tolist()  # [B] valid tokens per row (a prefix of the row)
+    parts, order = [], []
+    for rows, longest in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
+        idx = torch.tensor(rows, device=response_ids.device) if len(rows) < B else slice(None)
+        width = max(longest, 1)
+        hidden = _shared_prompt_pass(model, prompt_ids[idx], prompt_mask[idx], response_ids[idx, :width],
+                                     response_mask[idx, :width])  # [b, width, H]
+        parts.append(F.pad(hidden, (0, 0, 0, T - width)))  # [b, T, H], zeros past the group's longest row
+        order += rows
+    if len(parts) == 1:
+        return parts[0]
+    inverse = torch.empty(B, dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(B)
+    return torch.cat(parts)[inverse.to(response_ids.device)]  # [B, T, H], the caller's row order
+
+
+GROUP_OVERHEAD_TOKENS = 160  # one more forward+backward costs about as much as 160 more tokens (xs model, CPU)
+
+
+def length_groups(lengths: list[int], overhead: int) -> list[tuple[list[int], int]]:
+    """Rows grouped by length so that the sum over groups of (overhead + rows x longest length) is least.
+
+    Groups are runs of the rows sorted by length, longest first; returns (row indices, longest
+    length) per group. Dynamic programming over the distinct lengths. E.g. lengths [64, 3, 60, 2]
+    with overhead 8: {64, 60} then {3, 2} costs (8 + 2*64) + (8 + 2*3) = 150, one group 8 + 4*64 = 264.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
+    values = [lengths[i] for i in order]
+    n = len(values)
+    starts = [k for k in range(n) if k == 0 or values[k] != values[k - 1]] + [n]  # where a group may start
+    best = {n: (0, n)}  # start -> (least cost of rows start.., end of its first group)
+    for a in reversed(starts[:-1]):
+        best[a] = min((overhead + (b - a) * values[a] + best[b][0], b) for b in starts if b > a)
+    groups, a = [], 0
+    while a < n:
+        b = best[a][1]
+        groups.append(([order[k] for k in range(a, b)], values[a]))
+        a = b
+    return groups
+
+
+def _shared_prompt_pass(model, prompt_ids, prompt_mask, response_ids, response_mask) -> Tensor:
+    """The hidden states of cat(prompt, response[:-1]) with each distinct prompt run once: [B, T, H]."""
     body = getattr(model, model.base_model_prefix)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
     attention_mask = torch.cat([prompt_mask.long(), (response_mask[:, :-1] > 0).long()], dim=1)  # [B, P+T-1]
