@@ -3,6 +3,7 @@
     python bench/train_step.py                                  # dense + MoE, 16 and 64 new tokens, 3 repeats
     python bench/train_step.py --archs qwen3 --lengths 16 --repeats 1       # one quick cell
     python bench/train_step.py --base-src /path/to/older/checkout/src       # adds that vespo as a column
+    python bench/train_step.py --threads 1                                  # one torch thread each
 
 One step is what a user waits for: rollout (P prompts x G responses), rewards, advantages, μ
 recompute, then N optimizer steps on the N mini-batches. Both trainers get the same tiny model
@@ -13,7 +14,9 @@ sampled (EOS included), summed over the timed steps and divided by their wall ti
 of each run is a warm-up (it pays one-time costs such as compilation) and is not timed. Every
 measurement runs in its own process; a repeat measures every (model, length) cell for vespo, then
 for TRL, so slow phases of a busy machine hit both. The table shows the median of the repeats and
-the ratio of medians vespo / TRL (> 1: vespo is faster).
+the ratio of medians vespo / TRL (> 1: vespo is faster), first in wall-clock tokens/s, then in
+tokens per CPU-second of the measuring process (steadier on a busy machine, and with --threads 1
+the same as wall-clock on an idle one). The load average is printed next to every measurement.
 
 vespo runs with its default configuration plus ``--vespo-args`` (e.g. ``run.compile=false`` to see
 the eager path). ``--base-src`` runs a second vespo from another source tree (e.g. a checkout of

@@ -1,6 +1,10 @@
 """Log-probs and entropy of response tokens, computed in chunks from the final hidden states.
 
-The model body runs once over cat(prompt, response); the LM head and log-softmax then run over
+The model body runs once over cat(prompt, response) (``response_hidden_states``), or, with
+``share_prompts``, once per distinct prompt and then per group of rows of similar response
+length on top of its cached keys and values (``shared_prompt_hidden_states``: the same numbers
+up to float rounding, without the G-fold repeated prompts and the padding). The LM head and
+log-softmax then run over
 blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS logits (``chunk_shape``),
 inside a custom autograd function that keeps an online log-sum-exp across vocab blocks in
 forward and recomputes each block's softmax in backward. So neither pass ever holds the full

@@ -9,6 +9,11 @@ Generation can be split: ``start`` → ``advance`` (repeatedly) → ``finish``; 
 runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so far under the new
 weights before decoding continues. That re-prefill also re-records the routing of every position
 it runs: the routing kept is the newest weights', the one the rebuilt cache was computed with.
+
+Two shortcuts that change nothing but speed (tests/rollout/test_hf_fast.py): the first prefill
+runs each distinct prompt once and copies its cache to the G rows of its group, and rows that
+produced EOS leave the decode batch (they still draw their random numbers, so every row samples
+what it would have sampled in the full batch).
 """
 
 from __future__ import annotations
