@@ -4,12 +4,11 @@ The model body runs once over cat(prompt, response) (``response_hidden_states``)
 ``share_prompts``, once per distinct prompt and then per group of rows of similar response
 length on top of its cached keys and values (``shared_prompt_hidden_states``: the same numbers
 up to float rounding, without the G-fold repeated prompts and the padding). The LM head and
-log-softmax then run over
-blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS logits (``chunk_shape``),
-inside a custom autograd function that keeps an online log-sum-exp across vocab blocks in
-forward and recomputes each block's softmax in backward. So neither pass ever holds the full
-[B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB) plus the V x H weight
-gradient that any path needs. Padded response positions are skipped entirely and read 0.
+log-softmax then run over blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS
+logits (``chunk_shape``), inside a custom autograd function that keeps an online log-sum-exp
+across vocab blocks in forward and recomputes each block's softmax in backward. So neither pass
+ever holds the full [B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB)
+plus the V x H weight gradient that any path needs. Padded response positions are skipped entirely and read 0.
 Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
 """
 
