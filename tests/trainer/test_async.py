@@ -121,9 +121,9 @@ def test_failing_worker_stops_the_run_with_a_checkpoint_and_no_ray_processes(mak
 
     with pytest.raises(WorkerError, match="rollout worker 0 failed on ticket"):
         train(cfg, on_update=break_the_worker)
-    # checkpoints fall between rollout steps (N = 2 updates): the one written at update 2 or 4 survives
-    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
-    assert state["updates"] in (2, 4) and state["learner"]["version"] == state["updates"]
+    # the Ray source can checkpoint after any update: the failure leaves one at the update it stopped at
+    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=True)
+    assert 2 <= state["updates"] < 8 and state["learner"]["version"] == state["updates"]
     assert state["source"]["tickets"] == state["updates"]
     assert not ray.is_initialized()
     names = {name for _, name in seen["procs"]}
@@ -193,7 +193,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(make_cfg, local_
     assert [r["ticket"] for r in records] == list(range(8))
     assert max(r["learner_version"] - v for r in records for v in r["versions"]) <= 1
     assert [r["step"] for r in read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")] == [1, 2, 3, 4]
-    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
+    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=True)
     assert state["source"]["stream"]["cursor"] == 8 * cfg.prompts_per_minibatch  # each prompt drawn once, none lost
     assert json.loads(open(f"{cfg.run.out_dir}/summary.json").read())["mode"] == "async"
 
@@ -211,7 +211,7 @@ def test_learner_as_its_own_ray_actor(make_cfg, local_ray):
     summary = train(cfg, on_update=record)
     assert summary["status"] == "done" and summary["updates_done"] == 6 and summary["policy_version"] == 6
     assert where["learner_pid"] != os.getpid()
-    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=False)
+    state = torch.load(latest_checkpoint(cfg.run.out_dir) / "trainer.pt", weights_only=True)
     assert state["updates"] == 6 and state["learner"]["version"] == 6  # written by the actor
     assert (cfg.run.out_dir and (latest_checkpoint(cfg.run.out_dir).parent.parent / "policy" / "config.json").is_file())
     rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")

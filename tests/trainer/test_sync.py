@@ -29,9 +29,9 @@ def test_stale_minibatches_have_lags_0_to_n_minus_1(make_cfg):
         seen = []
         update = loop.learner.update
 
-        def recording_update(mb):  # records the lag of each mini-batch, then runs the real update
+        def recording_update(mb, **kwargs):  # records the lag of each mini-batch, then runs the real update
             seen.append(sorted(set((loop.learner.version - mb.versions).tolist())))
-            return update(mb)
+            return update(mb, **kwargs)
 
         loop.learner.update = recording_update
         first = rollout_step(loop)

@@ -4,7 +4,13 @@
 """
 
 from vespo.models.loading import build_model, encode_prompt, load_policy, resolve_dtype, save_policy
-from vespo.models.logprobs import chunked_logprobs, positions_from_mask, response_hidden_states, response_logprobs
+from vespo.models.logprobs import (
+    chunked_logprobs,
+    compile_decoder_layers,
+    positions_from_mask,
+    response_hidden_states,
+    response_logprobs,
+)
 from vespo.models.moe import is_moe, moe_routers, record_routing, replay_routing
 from vespo.models.tiny import ARCHS, SIZES, tiny_config, tiny_model
 from vespo.models.tokenizer import build_char_tokenizer, char_vocab
@@ -16,6 +22,7 @@ __all__ = [
     "build_model",
     "char_vocab",
     "chunked_logprobs",
+    "compile_decoder_layers",
     "encode_prompt",
     "is_moe",
     "load_policy",

@@ -1,21 +1,26 @@
 """Log-probs and entropy of response tokens, computed in chunks from the final hidden states.
 
-The model body runs once over cat(prompt, response); the LM head and log-softmax then run over
-blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS logits (``chunk_shape``),
-inside a custom autograd function that keeps an online log-sum-exp across vocab blocks in
-forward and recomputes each block's softmax in backward. So neither pass ever holds the full
-[B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB) plus the V x H weight
-gradient that any path needs. Padded response positions are skipped entirely and read 0.
+The model body runs once over cat(prompt, response) (``response_hidden_states``), or, with
+``share_prompts``, once per distinct prompt and then per group of rows of similar response
+length on top of its cached keys and values (``shared_prompt_hidden_states``: the same numbers
+up to float rounding, without the G-fold repeated prompts and the padding). The LM head and
+log-softmax then run over blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS
+logits (``chunk_shape``), inside a custom autograd function that keeps an online log-sum-exp
+across vocab blocks in forward and recomputes each block's softmax in backward. So neither pass
+ever holds the full [B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB)
+plus the V x H weight gradient that any path needs. Padded response positions are skipped entirely and read 0.
 Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
 """
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 from vespo.models.moe import replay_routing
 
@@ -33,6 +38,7 @@ def response_logprobs(
     chunk_size: int | None = None,
     with_entropy: bool = True,
     routed_experts: Tensor | None = None,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """logp [B, T] float32 (with grad when enabled) and entropy [B, T] detached (or None).
 
@@ -41,9 +47,17 @@ def response_logprobs(
     (router replay, docs/router_replay.md); -1 where the live router chooses.
     chunk_size: tokens per chunk, None (the default) for ``chunk_shape``'s; entropy is only computed
     when with_entropy is True.
+    share_prompts: run each distinct prompt once for all the rows that share it (see
+    ``shared_prompt_hidden_states``): the same numbers up to float rounding, faster for groups.
+    The model then runs twice (prompts, responses) rather than once over cat(prompt, response),
+    so it cannot be combined with routed_experts, nor with hooks that expect that one pass.
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size)
-    hidden = response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
+    if share_prompts and routed_experts is not None:
+        raise ValueError("share_prompts cannot replay routed_experts: router replay indexes one pass over "
+                         "cat(prompt, response)")
+    states = shared_prompt_hidden_states if share_prompts else response_hidden_states
+    hidden = states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
     valid = response_mask > 0  # [B, T]
     head = _lm_head(model)
     logp_valid, ent_valid = _chunked(
@@ -65,7 +79,10 @@ def response_hidden_states(
     response_mask: Tensor,
     routed_experts: Tensor | None = None,
 ) -> Tensor:
-    """Final hidden states at the positions that predict each response token: [B, T, H]."""
+    """Final hidden states at the positions that predict each response token: [B, T, H].
+
+    One forward over every position of cat(prompt, response) (replaying routed_experts if given).
+    """
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [B, P+T]
     attention_mask = torch.cat([prompt_mask.long(), (response_mask > 0).long()], dim=1)  # [B, P+T]
     position_ids = positions_from_mask(attention_mask)  # [B, P+T]
@@ -74,6 +91,132 @@ def response_hidden_states(
     with _maybe_replay(model, routed_experts, input_ids):
         out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, P - 1 : P + T - 1]  # [B, T, H]
+
+
+def shared_prompt_hidden_states(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    routed_experts: Tensor | None = None,
+) -> Tensor:
+    """``response_hidden_states`` without repeated prompts or padding runs: [B, T, H] (0 past a row's end).
+
+    Rows are grouped by response length (``length_groups``) and each group runs only as far as
+    its longest response, so short answers do not pay for the batch's longest one. Within a
+    group, rows with the same prompt (the G responses of a group) share one pass over it: each
+    distinct prompt runs once, its KV cache is copied to the rows that share it (a differentiable
+    gather, so their gradients add up), and the responses run on top of it. The last response
+    position predicts nothing and is not run. routed_experts must be None (router replay needs one
+    pass over every position).
+    """
+    if routed_experts is not None or 0 in response_ids.shape:
+        return response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
+    B, T = response_ids.shape
+    lengths = (response_mask > 0).sum(dim=1).tolist()  # [B] valid tokens per row (a prefix of the row)
+    parts, order = [], []
+    for rows, longest in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
+        idx = torch.tensor(rows, device=response_ids.device) if len(rows) < B else slice(None)
+        width = max(longest, 1)
+        hidden = _shared_prompt_pass(model, prompt_ids[idx], prompt_mask[idx], response_ids[idx, :width],
+                                     response_mask[idx, :width])  # [b, width, H]
+        parts.append(F.pad(hidden, (0, 0, 0, T - width)))  # [b, T, H], zeros past the group's longest row
+        order += rows
+    if len(parts) == 1:
+        return parts[0]
+    inverse = torch.empty(B, dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(B)
+    return torch.cat(parts)[inverse.to(response_ids.device)]  # [B, T, H], the caller's row order
+
+
+GROUP_OVERHEAD_TOKENS = 160  # one more forward+backward costs about as much as 160 more tokens (xs model, CPU)
+
+
+def length_groups(lengths: list[int], overhead: int) -> list[tuple[list[int], int]]:
+    """Rows grouped by length so that the sum over groups of (overhead + rows x longest length) is least.
+
+    Groups are runs of the rows sorted by length, longest first; returns (row indices, longest
+    length) per group. Dynamic programming over the distinct lengths. E.g. lengths [64, 3, 60, 2]
+    with overhead 8: {64, 60} then {3, 2} costs (8 + 2*64) + (8 + 2*3) = 150, one group 8 + 4*64 = 264.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
+    values = [lengths[i] for i in order]
+    n = len(values)
+    starts = [k for k in range(n) if k == 0 or values[k] != values[k - 1]] + [n]  # where a group may start
+    best = {n: (0, n)}  # start -> (least cost of rows start.., end of its first group)
+    for a in reversed(starts[:-1]):
+        best[a] = min((overhead + (b - a) * values[a] + best[b][0], b) for b in starts if b > a)
+    groups, a = [], 0
+    while a < n:
+        b = best[a][1]
+        groups.append(([order[k] for k in range(a, b)], values[a]))
+        a = b
+    return groups
+
+
+def _shared_prompt_pass(model, prompt_ids, prompt_mask, response_ids, response_mask) -> Tensor:
+    """The hidden states of cat(prompt, response[:-1]) with each distinct prompt run once: [B, T, H]."""
+    body = getattr(model, model.base_model_prefix)
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    attention_mask = torch.cat([prompt_mask.long(), (response_mask[:, :-1] > 0).long()], dim=1)  # [B, P+T-1]
+    position_ids = positions_from_mask(attention_mask)  # [B, P+T-1]
+    distinct, copies = distinct_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))  # [U], [B]
+    if distinct is None:  # no prompt is shared: one pass over cat(prompt, response[:-1])
+        input_ids = torch.cat([prompt_ids, response_ids[:, :-1]], dim=1)  # [B, P+T-1]
+        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return out.last_hidden_state[:, P - 1 :]  # [B, T, H]
+    cache = DynamicCache(config=model.config)
+    prompt = body(input_ids=prompt_ids[distinct], attention_mask=prompt_mask[distinct].long(),
+                  position_ids=position_ids[distinct, :P], cache=cache, use_cache=True).last_hidden_state  # [U, P, H]
+    cache.batch_select_indices(copies)  # [B, ...]: every row gets its prompt's keys and values
+    first = prompt[copies, -1:]  # [B, 1, H], predicts response token 0
+    if T == 1:
+        return first
+    rest = body(input_ids=response_ids[:, :-1], attention_mask=attention_mask, position_ids=position_ids[:, P:],
+                cache=cache, use_cache=True).last_hidden_state  # [B, T-1, H]
+    return torch.cat([first, rest], dim=1)  # [B, T, H]
+
+
+def distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """One representative of each distinct row of ``rows`` [B, S], and which one each row is.
+
+    Returns (indices [U] of the first copy of each distinct row, index [B] into those U), or
+    (None, None) when all B rows differ. E.g. rows a, b, a -> ([0, 1], [0, 1, 0]).
+    """
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)  # [U, S], [B]
+    if unique.shape[0] == rows.shape[0]:
+        return None, None
+    first = torch.full((unique.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), reduce="amin")  # [U]
+    return first, inverse
+
+
+def compile_decoder_layers(model: nn.Module) -> bool:
+    """torch.compile each decoder layer of ``model`` in place; False (and a warning) if this machine cannot.
+
+    The layers are where the FLOPs and the many small elementwise ops are; compiling them fuses
+    the norms, rotary embedding and gated MLP into a few kernels, while masks, the KV cache and the
+    LM head stay eager. Shapes are dynamic (batch and length change every step), so one graph per
+    layer serves every batch. A first compilation is checked on a tiny function; if it fails (no C++
+    compiler, an unsupported platform), the layers stay eager.
+    """
+    try:
+        torch.compile(lambda x: x * 2.0, dynamic=False)(torch.ones(2))
+    except Exception as e:  # noqa: BLE001 - any failure means: run eager
+        warnings.warn(f"torch.compile is unavailable here ({type(e).__name__}: {e}); running eager", stacklevel=2)
+        return False
+    for layer in _decoder_layers(model):
+        layer.compile(dynamic=True)
+    return True
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    body = getattr(model, model.base_model_prefix)
+    layers = getattr(body, "layers", None)
+    if layers is None:
+        raise TypeError(f"compile_decoder_layers needs a model whose body has .layers; got {type(body).__name__}")
+    return list(layers)
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:

@@ -9,6 +9,11 @@ Generation can be split: ``start`` → ``advance`` (repeatedly) → ``finish``; 
 runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so far under the new
 weights before decoding continues. That re-prefill also re-records the routing of every position
 it runs: the routing kept is the newest weights', the one the rebuilt cache was computed with.
+
+Two shortcuts that change nothing but speed (tests/rollout/test_hf_fast.py): the first prefill
+runs each distinct prompt once and copies its cache to the G rows of its group, and rows that
+produced EOS leave the decode batch (they still draw their random numbers, so every row samples
+what it would have sampled in the full batch).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from vespo.models.loading import resolve_dtype
-from vespo.models.logprobs import positions_from_mask
+from vespo.models.logprobs import distinct_rows, positions_from_mask
 from vespo.models.moe import is_moe, record_routing, stack_routing
 from vespo.rollout.base import SamplingParams, sampling_logprobs
 from vespo.types import Rollout
+
+DROP_FRACTION = 8  # finished rows leave the decode batch once they are >= 1/8 of it
 
 
 @dataclass
@@ -41,6 +48,7 @@ class GenerationState:
     routing: list[Tensor] = field(default_factory=list)  # [B, S_i, L, K] int64 per forward since the last prefill
     alive: Tensor | None = None  # [B] bool, row has not produced EOS
     cache: DynamicCache | None = None
+    rows: Tensor | None = None  # [b] int64: the batch rows the cache holds, in cache order
     cache_version: int = -1  # engine version the cache was built with
     next_logits: Tensor | None = None  # [B, V] float32, predicting the next token; None = decode due
 
@@ -104,7 +112,7 @@ class HFEngine:
         alive = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)  # [B]
         return GenerationState(prompt_ids=ids, prompt_mask=mask, sampling=sampling, generator=generator, alive=alive)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # lighter than no_grad per op; finish() turns the state into normal tensors
     def advance(self, state: GenerationState, n_tokens: int) -> bool:
         for _ in range(n_tokens):
             if state.done:
@@ -146,27 +154,61 @@ class HFEngine:
         return state.next_logits
 
     def _prefill(self, state: GenerationState) -> None:
-        """Run prompt + tokens so far through the current weights, building a fresh cache."""
+        """Run prompt + tokens so far through the current weights, building a fresh cache of every row.
+
+        The first prefill runs each distinct prompt once (a group's G copies share it) and copies
+        its cache rows; a re-prefill after a weight update runs every row's own tokens.
+        """
         ids, mask = state.prompt_ids, state.prompt_mask
         if state.tokens:
             ids = torch.cat([ids, torch.stack(state.tokens, dim=1)], dim=1)  # [B, P+t]
             mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1]:])], dim=1)
+            distinct, copies = None, None
+        else:
+            distinct, copies = distinct_rows(torch.cat([ids, mask], dim=1))  # [U], [B]
         state.cache = DynamicCache(config=self.model.config)
-        routing = self._forward(state, ids, mask, positions_from_mask(mask))
+        if distinct is None:
+            routing = self._forward(state, ids, mask, positions_from_mask(mask))
+        else:
+            routing = self._forward(state, ids[distinct], mask[distinct], positions_from_mask(mask[distinct]))
+            state.cache.batch_select_indices(copies)
+            state.next_logits = state.next_logits[copies]
+            routing = None if routing is None else routing[copies]
         if routing is not None:
             state.routing = [routing]  # every position so far, re-recorded under the current weights
+        state.rows = torch.arange(ids.shape[0])
         state.cache_version = self._version
 
     def _decode(self, state: GenerationState) -> None:
-        """One cached step on the last sampled token."""
-        last = state.tokens[-1][:, None]  # [B, 1]
-        mask = torch.ones(last.shape[0], state.prompt_mask.shape[1] + state.n_generated, dtype=torch.long,
-                          device=last.device)
-        mask[:, : state.prompt_mask.shape[1]] = state.prompt_mask
-        position = state.prompt_mask.sum(1, keepdim=True) + state.n_generated - 1  # [B, 1]
+        """One cached step on the last sampled token of every row the cache holds."""
+        self._drop_finished_rows(state)
+        B, P, rows = state.prompt_ids.shape[0], state.prompt_mask.shape[1], state.rows
+        last = state.tokens[-1][rows, None]  # [b, 1]
+        mask = torch.ones(len(rows), P + state.n_generated, dtype=torch.long, device=last.device)  # [b, P+t]
+        mask[:, :P] = state.prompt_mask[rows]
+        position = state.prompt_mask[rows].sum(1, keepdim=True) + state.n_generated - 1  # [b, 1]
         routing = self._forward(state, last, mask, position)
+        if len(rows) < B:  # rows that left the batch get logits 0: sampled from, then discarded as padding
+            state.next_logits = state.next_logits.new_zeros(B, state.next_logits.shape[1]).index_copy_(
+                0, rows, state.next_logits)
         if routing is not None:
             state.routing.append(routing)
+
+    def _drop_finished_rows(self, state: GenerationState) -> None:
+        """Shrink the decode batch to the rows still generating once enough of them have finished.
+
+        Copying the cache costs about one decode step's cache append, so rows are dropped only when
+        at least 1/DROP_FRACTION of the batch has finished. While routing is recorded every row stays,
+        so the record covers every real token, a row's EOS included.
+        """
+        if self.record_routing:
+            return
+        alive = state.alive[state.rows]  # [b]
+        n_alive = int(alive.sum())
+        if len(state.rows) - n_alive >= max(1, len(state.rows) // DROP_FRACTION):
+            keep = alive.nonzero().squeeze(1)  # [b'] positions in the cache
+            state.cache.batch_select_indices(keep)
+            state.rows = state.rows[keep]
 
     def _forward(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor | None:
         """Run the engine model and store last-position logits on the state.

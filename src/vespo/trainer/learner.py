@@ -3,10 +3,12 @@
 It knows nothing about where samples come from: both sample sources (local and Ray) feed it the
 same `TrainBatch`es, and the training loop calls the same three methods in both modes.
 
-    batches, m = learner.prepare(minibatches, behavior)   μ for each mini-batch, before any update:
-                                                          the trainer's recompute (no grad) or the
-                                                          engine's log-probs; engine-vs-trainer metrics
+    batches, m = learner.prepare(minibatches, behavior, replay)   μ for each mini-batch, before any
+                                       update: the trainer's recompute (no grad) or the engine's
+                                       log-probs; engine-vs-trainer metrics
     result = learner.update(minibatch)                    one AdamW step; skips non-finite steps
+    result = learner.update(minibatch, behavior_pass=True)   a lag-0 mini-batch whose update's forward is
+                                       also its behavior pass (one forward fewer)
     learner.save_checkpoint(...) / learner.weights()      what the loop checkpoints and pushes to engines
 
 The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU and
@@ -31,7 +33,7 @@ from torch import Tensor, nn
 from vespo.config import OptimConfig
 from vespo.losses import get_loss
 from vespo.metrics import masked_mean, mismatch_metrics, reduce_metrics, to_floats
-from vespo.models import is_moe, record_routing, response_logprobs
+from vespo.models import compile_decoder_layers, is_moe, record_routing, response_logprobs
 from vespo.models.moe import stack_routing
 from vespo.types import TrainBatch
 
@@ -54,18 +56,20 @@ class UpdateResult:
 class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
                  total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3,
-                 device: torch.device | str = "cpu", autocast: bool = False):
+                 device: torch.device | str = "cpu", autocast: bool = False, compile: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.autocast = autocast
+        self.compiled = compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
         self.spec = get_loss(loss_name)
         self.loss_cfg = self.spec.config_cls(**loss_options)
         self.optim_cfg = optim
         self.temperature = temperature
         self.max_nonfinite = max_nonfinite
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # fused: one kernel for all parameters instead of ~10 small ops per tensor (4x faster on CPU)
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                                           weight_decay=optim.weight_decay)
+                                           weight_decay=optim.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(optim, total_updates))
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
@@ -88,8 +92,7 @@ class Learner:
         for mb in minibatches:
             logp, entropy = self.behavior_logp(mb, replay)  # [b, T], [b, T] (on the CPU)
             mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
-            stats.append({**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
-                          "rollout/entropy": masked_mean(entropy, mb.response_mask)})
+            stats.append(behavior_metrics(mb, logp, entropy))
         return minibatches, to_floats(reduce_metrics(stats))
 
     @torch.no_grad()
@@ -126,62 +129,92 @@ class Learner:
             logp, entropy = self._logprobs(micro, with_entropy=True)
             return logp, entropy, None
         with record_routing(self.model) as records:
-            logp, entropy = self._logprobs(micro, with_entropy=True)
+            logp, entropy = self._logprobs(micro, with_entropy=True, share_prompts=False)  # one pass: P+T positions
         b, S = micro.prompt_ids.shape[0], micro.prompt_ids.shape[1] + micro.response_ids.shape[1]
         return logp, entropy, stack_routing(records, b, S)
 
-    def _logprobs(self, micro: TrainBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set."""
+    def _logprobs(self, micro: TrainBatch, with_entropy: bool,
+                  share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set.
+
+        Without replay, each of the micro-batch's distinct prompts runs once (``share_prompts``);
+        μ and the update take the same path, so with N = 1 they still agree bit for bit.
+        """
+        share_prompts = share_prompts and micro.routed_experts is None
         with self._autocast():
             return response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
                                      micro.response_mask, temperature=self.temperature, with_entropy=with_entropy,
-                                     routed_experts=micro.routed_experts)
+                                     routed_experts=micro.routed_experts, share_prompts=share_prompts)
 
     # ------------------------------------------------------------ one optimizer step
 
-    def update(self, mb: TrainBatch) -> UpdateResult:
-        """One optimizer step on mini-batch ``mb`` (its ``old_logp`` must be set)."""
-        if mb.old_logp is None:
+    def shares_behavior_forward(self, replay: str = "none") -> bool:
+        """Whether a mini-batch trained on the weights μ is defined by (lag 0) may take its behavior pass
+        from its own update's forward (``update(mb, behavior_pass=True)``).
+
+        The update's forward, detached, then is the recompute itself, provided a train-mode forward
+        equals an eval-mode one (no dropout) and μ's pass records nothing the update needs (R2
+        records routing in it).
+        """
+        return not (replay == "r2" and self.moe) and _dropout_free(self.model)
+
+    def update(self, mb: TrainBatch, behavior_pass: bool = False) -> UpdateResult:
+        """One optimizer step on mini-batch ``mb``.
+
+        ``mb.old_logp`` must be set, unless ``behavior_pass``: then this update's forward is also the
+        behavior pass of a lag-0 mini-batch (``shares_behavior_forward``): μ = its log-probs, detached,
+        when ``mb.old_logp`` is None (one forward instead of two, and W == 1 bit for bit), and its
+        ``mismatch/*`` and entropy metrics come with the update's.
+        """
+        if mb.old_logp is None and not behavior_pass:
             raise ValueError("mini-batch has no old_logp: set the behavior log-probs before update()")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         normalizer = self._normalizer(mb)
-        loss_sum, metrics, log_w, weight = torch.zeros((), device=self.device), [], [], []
+        loss_sum, metrics, behavior = torch.zeros((), device=self.device), [], []
+        rows: dict[str, list[Tensor]] = {"log_w": [], "weight": [], "old_logp": []}
         for micro in self.micro_batches(mb):
-            out, row_log_w = self._loss(micro.to(self.device), normalizer)
+            micro = micro.to(self.device)
+            logp, entropy = self._logprobs(micro, with_entropy=behavior_pass)  # replays micro.routed_experts
+            if behavior_pass:
+                if micro.old_logp is None:  # μ = this lag-0 forward, detached: the recompute itself
+                    micro.old_logp = logp.detach()
+                behavior.append(behavior_metrics(micro, logp.detach(), entropy))
+            out = self._loss(micro, logp, normalizer)
             out.loss.backward()
             loss_sum = loss_sum + out.loss.detach()
             metrics.append(out.metrics)
-            log_w.append(row_log_w)
-            weight.append(out.seq_weight if out.seq_weight is not None else torch.full_like(row_log_w, math.nan))
+            log_w = ((logp.detach() - micro.old_logp) * micro.response_mask).sum(dim=-1)  # [b]
+            rows["log_w"].append(log_w)
+            rows["weight"].append(out.seq_weight if out.seq_weight is not None else torch.full_like(log_w, math.nan))
+            rows["old_logp"].append(micro.old_logp)
+        if mb.old_logp is None:
+            mb.old_logp = torch.cat(rows["old_logp"]).cpu()  # [b, T]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        reduced = reduce_metrics(metrics)
+        reduced = reduce_metrics(metrics + behavior)
         reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/grad_norm_max": grad_norm,
                         "optim/lr": self.scheduler.get_last_lr()[0]})
         reduced = to_floats(reduced)  # the update's one host sync
-        rows = {"log_w": torch.cat(log_w).cpu(), "weight": torch.cat(weight).float().cpu()}
+        per_row = {"log_w": torch.cat(rows["log_w"]).cpu(), "weight": torch.cat(rows["weight"]).float().cpu()}
         if not (math.isfinite(reduced["loss/total"]) and math.isfinite(reduced["optim/grad_norm"])):
-            return self._skip(reduced, rows)
+            return self._skip(reduced, per_row)
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0
         reduced["optim/n_skipped"] = 0.0
-        return UpdateResult(reduced, skipped=False, **rows)
+        return UpdateResult(reduced, skipped=False, **per_row)
 
-    def _loss(self, micro: TrainBatch, normalizer: float):
-        """The loss of one micro-batch (on the learner's device) and its rows' sequence log-weights [b]."""
-        logp, _ = self._logprobs(micro, with_entropy=False)  # replays micro.routed_experts when set
+    def _loss(self, micro: TrainBatch, logp: Tensor, normalizer: float):
+        """The loss of one micro-batch (on the learner's device) given its log-probs [b, T]."""
         # the engine's log-probs reach the loss only for its rollout correction; the engine-vs-trainer gap
-        # itself is logged once, as mismatch/* (prepare), not again as the loss's rollout/k1, k3
+        # itself is logged once, as mismatch/* (the behavior pass), not again as the loss's rollout/k1, k3
         correct = self.loss_cfg.rollout_correction.mode != "none"
         out = self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
                            normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
         out.metrics = {k: v for k, v in out.metrics.items() if k not in ("rollout/k1", "rollout/k3")}
-        with torch.no_grad():
-            row_log_w = ((logp.detach() - micro.old_logp) * micro.response_mask).sum(dim=-1)  # [b]
-        return out, row_log_w
+        return out
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
@@ -250,6 +283,20 @@ class Learner:
         self.version = state["version"]
         self.nonfinite_in_a_row = state["nonfinite_in_a_row"]
         self.nonfinite_total = state["nonfinite_total"]
+
+
+def behavior_metrics(mb: TrainBatch, logp: Tensor, entropy: Tensor) -> dict[str, Tensor]:
+    """Engine-vs-trainer mismatch on the batch's responses (the trainer's logp [b, T]) and the policy's entropy."""
+    return {**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
+            "rollout/entropy": masked_mean(entropy, mb.response_mask)}
+
+
+def _dropout_free(model: nn.Module) -> bool:
+    """No dropout anywhere (modules or config rates): a train-mode forward equals an eval-mode one."""
+    config = vars(getattr(model, "config", None) or object())
+    rates = [v for k, v in config.items() if "dropout" in k and isinstance(v, float)]
+    rates += [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    return all(rate == 0 for rate in rates)
 
 
 def _schedule(optim: OptimConfig, total: int):

@@ -121,7 +121,7 @@ class Loop:
         batch = item.batch
         lags = self.learner.version - batch.versions  # [b] versions the policy moved since the oldest token
         spans = batch.versions_max - batch.versions  # [b] versions one response spans (partial rollouts)
-        result = self.learner.update(batch)
+        result = self.learner.update(batch, behavior_pass=item.behavior_pass)
         self.updates_done += 1
         self.source.after_update(self.learner.version)
         item.lags, item.log_w, item.weight = lags, result.log_w, result.weight
@@ -177,8 +177,9 @@ class Loop:
         return path
 
     def _checkpoint_safely(self) -> None:
-        """On an error or abort: a checkpoint where one can describe the run (between rollout steps)."""
-        if not self.source.checkpointable() or self.updates_done % self.n or self.checkpointed_at == self.updates_done:
+        """On an error or abort: a checkpoint, where the source can describe the run (the local source
+        between rollout steps; the Ray source after any update, by its tickets)."""
+        if not self.source.checkpointable() or self.checkpointed_at == self.updates_done:
             return
         try:
             path = self.checkpoint()

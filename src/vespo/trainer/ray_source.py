@@ -84,6 +84,7 @@ class RaySource:
         self.run, self.cfg, self.learner = run, run.cfg, learner
         self.a = run.cfg.async_
         self.max_lag = self.a.max_staleness
+        self.share_behavior = learner.shares_behavior_forward(run.cfg.rollout.router_replay)
         self.bound = StalenessBound(self.a.max_staleness)
         self.total = run.cfg.total_updates
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
@@ -115,11 +116,16 @@ class RaySource:
         idle = self.wait_for_next()
         depth = self.queue.depth - 1  # finished mini-batches waiting behind this one
         ticket, (batch, metrics) = self.queue.pop()
-        [batch], behavior = self.learner.prepare([batch], self.cfg.behavior, self.cfg.rollout.router_replay)
+        # μ is the engine's; the trainer's pass (mismatch metrics) runs on the weights the update uses,
+        # so when the learner can, the update's own forward is that pass (one forward fewer)
+        batch.old_logp = batch.rollout_logp
+        if not self.share_behavior:
+            [batch], behavior = self.learner.prepare([batch], self.cfg.behavior, self.cfg.rollout.router_replay)
+            metrics = {**metrics, **behavior}
         self._record_versions(ticket, batch)
-        metrics = {**metrics, **behavior, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth),
+        metrics = {**metrics, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth),
                    "perf/wait_and_mu_s_sum": time.perf_counter() - t0}
-        return TrainItem(ticket, batch, metrics)
+        return TrainItem(ticket, batch, metrics, behavior_pass=self.share_behavior)
 
     def after_update(self, version: int) -> None:
         if version % self.a.sync_every == 0 and version > self.pushed[0]:

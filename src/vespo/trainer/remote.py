@@ -27,7 +27,7 @@ def make_learner(cfg: Config, policy) -> Learner:
 
     return Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, cfg.total_updates,
                    temperature=cfg.rollout.temperature, max_nonfinite=cfg.run.max_nonfinite_steps,
-                   device=resolve_device(cfg.model.device), autocast=cfg.model.autocast)
+                   device=resolve_device(cfg.model.device), autocast=cfg.model.autocast, compile=cfg.run.compile)
 
 
 def build_learner(run: Run):
@@ -56,8 +56,11 @@ class LearnerActor:
     def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
         return self.learner.prepare(batches, behavior, replay)
 
-    def update(self, batch: TrainBatch) -> tuple[UpdateResult, int]:
-        return self.learner.update(batch), self.learner.version
+    def update(self, batch: TrainBatch, behavior_pass: bool = False) -> tuple[UpdateResult, int]:
+        return self.learner.update(batch, behavior_pass), self.learner.version
+
+    def shares_behavior_forward(self, replay: str) -> bool:
+        return self.learner.shares_behavior_forward(replay)
 
     def weights_ref(self) -> list:
         import ray
@@ -102,8 +105,11 @@ class RemoteLearner:
     def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
         return self._get(self.actor.prepare.remote(batches, behavior, replay))
 
-    def update(self, batch: TrainBatch) -> UpdateResult:
-        result, self.version = self._get(self.actor.update.remote(batch))
+    def shares_behavior_forward(self, replay: str = "none") -> bool:
+        return self._get(self.actor.shares_behavior_forward.remote(replay))
+
+    def update(self, batch: TrainBatch, behavior_pass: bool = False) -> UpdateResult:
+        result, self.version = self._get(self.actor.update.remote(batch, behavior_pass))
         self.nonfinite_total += int(result.skipped)
         return result
 

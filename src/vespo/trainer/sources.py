@@ -41,6 +41,7 @@ class TrainItem:
     index: int  # the update it is for, 0-based over the whole run
     batch: TrainBatch  # old_logp (μ) set
     metrics: dict[str, float] = field(default_factory=dict)  # rollout and behavior metrics that came with it
+    behavior_pass: bool = False  # the update's forward is the batch's behavior pass (lag 0; μ None if recomputed)
     lags: Tensor | None = None  # [b] int64, each row's lag when trained (set by the loop)
     log_w: Tensor | None = None  # [b] each row's sequence log-weight in its update (set by the loop)
     weight: Tensor | None = None  # [b] the loss's weight on each row in its update (set by the loop)
@@ -112,6 +113,8 @@ class LocalSource:
                                         run.cfg.rollout.group_size, run.cfg.advantage)
         self.text = TextGenerator(self.engine, run.tokenizer)
         self.pending: list[TrainBatch] = []
+        self.first_of_step = False  # the next pending mini-batch is the rollout step's first (lag 0)
+        self.share_first = learner.shares_behavior_forward(run.cfg.rollout.router_replay)
         self.next_index = 0
 
     def start(self, first_update: int) -> None:
@@ -124,7 +127,8 @@ class LocalSource:
         metrics: dict[str, float] = {}
         if not self.pending:
             metrics = self._rollout(self.next_index // self.n)
-        item = TrainItem(self.next_index, self.pending.pop(0), metrics)
+        item = TrainItem(self.next_index, self.pending.pop(0), metrics, behavior_pass=self.first_of_step)
+        self.first_of_step = False
         self.next_index += 1
         return item
 
@@ -137,7 +141,13 @@ class LocalSource:
                                                first_group_id=step * cfg.rollout.prompts_per_step)
         shuffle = torch.Generator().manual_seed(step_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
         minibatches = split_minibatches(batch, self.n, shuffle)
-        self.pending, behavior = self.learner.prepare(minibatches, cfg.behavior, cfg.rollout.router_replay)  # all before the first update
+        # μ of every mini-batch before the first update; the first one (lag 0) can take its behavior
+        # pass from its own update's forward (the same weights), one forward fewer per rollout step
+        first, rest = (minibatches[:1], minibatches[1:]) if self.share_first else ([], minibatches)
+        rest, behavior = self.learner.prepare(rest, cfg.behavior, cfg.rollout.router_replay) if rest else ([], {})
+        for mb in first:
+            mb.old_logp = mb.rollout_logp if cfg.behavior == "rollout" else None
+        self.pending, self.first_of_step = first + rest, bool(first)
         metrics.update(behavior)
         metrics["perf/rollout_and_mu_s"] = time.perf_counter() - t0
         return metrics

@@ -1,0 +1,59 @@
+"""One rollout step of vespo's trainer as the benches drive it, for this code and for an older
+checkout (before the trainer became one loop fed by a sample source: ``vespo.trainer.setup`` and
+``vespo.trainer.sync``), so a bench can time both with the same script.
+
+    s = stepper(cfg)                  # builds the run (this code: run, learner, LocalSource, Loop)
+    tokens = s.step(k)                # rollout step k: rollout, rewards, μ, N updates; completion tokens
+    s.engine, s.producer, s.learner   # the parts a profiler wraps
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Stepper:
+    engine: Any
+    producer: Any
+    learner: Any
+    step: Callable[[int], float]  # rollout step index -> completion tokens sampled in it
+
+
+def stepper(cfg) -> Stepper:
+    try:
+        from vespo.trainer.loop import Loop
+    except ImportError:  # an older checkout: setup.build + sync.train_step
+        from vespo.trainer.setup import build
+        from vespo.trainer.sync import train_step
+
+        parts = build(cfg)
+        return Stepper(parts.engine, parts.producer, parts.learner,
+                       lambda k: train_step(parts, k)["rollout/tokens"])
+    from vespo.trainer.remote import make_learner
+    from vespo.trainer.run import build_run
+    from vespo.trainer.sources import LocalSource
+
+    run = build_run(cfg, log=lambda *a: None)
+    learner = make_learner(cfg, run.policy)
+    source = LocalSource(run, learner)
+    loop = Loop(run, learner, source)
+    source.start(0)
+
+    def step(k: int) -> float:
+        return sum(loop.train_one()[1].get("rollout/n_tokens", 0.0) for _ in range(loop.n))
+
+    return Stepper(source.engine, source.producer, learner, step)
+
+
+def build_only(cfg) -> None:
+    """Build a run (the warm start included), for this code or an older one."""
+    try:
+        from vespo.trainer.run import build_run
+    except ImportError:
+        from vespo.trainer.setup import build
+
+        build(cfg)
+        return
+    build_run(cfg, log=lambda *a: None).close()
