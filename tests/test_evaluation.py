@@ -114,8 +114,8 @@ def test_evaluate_checks_its_inputs():
     problems = make_problems(["s"])
     with pytest.raises(ValueError, match="k for 's' must be an integer >= 1, got 0"):
         evaluate(scripted_generate([1])[0], problems, exact, k_by_source={"s": 0})
-    with pytest.raises(ValueError, match="must return 2 completions for each of 1 prompts"):
-        evaluate(lambda prompts, n: [["a0"]], problems, exact, default_k=2)
+    with pytest.raises(ValueError, match="must return 2 completions for each of 1 problems"):
+        evaluate(lambda problems, n: [["a0"]], problems, exact, default_k=2)
     with pytest.raises(ValueError, match="at least one problem"):
         evaluate(scripted_generate([])[0], [], exact)
 
@@ -123,8 +123,7 @@ def test_evaluate_checks_its_inputs():
 def test_evaluate_with_a_task_and_reference_completions():
     task = get_task("countdown")
     problems = task.generate(6, seed=0)
-    by_prompt = {p.prompt: task.reference_completion(p) for p in problems}
-    report = evaluate(lambda prompts, n: [[by_prompt[q]] * n for q in prompts], problems,
+    report = evaluate(lambda ps, n: [[task.reference_completion(p)] * n for p in ps], problems,
                       RewardScorer(task.reward, num_workers=0), default_k=2)
     assert report.sources["countdown"].avg_at_k == 1.0 and report.sources["countdown"].pass_at_k == 1.0
 

@@ -55,5 +55,5 @@ class SyntheticSweep:
 
 @pytest.fixture
 def synthetic(tmp_path):
-    """synthetic(name, axes, reference=None) -> SyntheticSweep under tmp_path."""
-    return lambda name, axes, reference=None: SyntheticSweep(tmp_path, name, axes, reference)
+    """synthetic(name, axes, reference=None, root=tmp_path) -> SyntheticSweep under root."""
+    return lambda name, axes, reference=None, root=tmp_path: SyntheticSweep(root, name, axes, reference)

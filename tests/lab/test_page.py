@@ -68,9 +68,7 @@ def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):
     a.run({"seed": "0"}, [0.1])
     b_root = tmp_path / "other"
     b_root.mkdir()
-    from conftest import SyntheticSweep
-
-    b = SyntheticSweep(b_root, "x", {"seed": ["0"]})
+    b = synthetic("x", {"seed": ["0"]}, root=b_root)
     b.run({"seed": "0"}, [0.1])
     assert report.main([str(a.dir), str(b.dir), "--page", str(tmp_path / "p.md")]) == 2
     assert "two sweep directories are named 'x'" in capsys.readouterr().err

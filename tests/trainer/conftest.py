@@ -1,12 +1,9 @@
 """A tiny, fast training setup shared by the trainer tests: the nano Qwen3 policy on 1-digit
-addition, warm-started once per test session; and the sync loop's parts, for stepping it by hand."""
-
-from contextlib import contextmanager
+addition, warm-started once per test session."""
 
 import pytest
 
 from vespo.config import load_config
-from vespo.metrics import reduce_metrics
 
 
 @pytest.fixture(scope="session")
@@ -27,23 +24,3 @@ def make_cfg(tmp_path, warm_cache):
         return load_config(None, base + list(overrides))
 
     return make
-
-
-@contextmanager
-def sync_loop(cfg):
-    """The training loop of a sync run, built but not started: step it with ``rollout_step``."""
-    from vespo.trainer.loop import Loop
-    from vespo.trainer.remote import make_learner
-    from vespo.trainer.run import build_run
-    from vespo.trainer.sources import LocalSource
-
-    with build_run(cfg, log=lambda *a: None) as run:
-        learner = make_learner(cfg, run.policy)
-        source = LocalSource(run, learner)
-        source.start(0)
-        yield Loop(run, learner, source)
-
-
-def rollout_step(loop) -> dict:
-    """One rollout step (N updates) of a loop; its metrics reduced as the loop logs them."""
-    return reduce_metrics([loop.train_one()[1] for _ in range(loop.n)])

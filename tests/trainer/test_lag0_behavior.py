@@ -2,7 +2,7 @@
 separate recompute, one pass fewer (the first mini-batch of a sync rollout step; every async one)."""
 
 import torch
-from conftest import rollout_step, sync_loop
+from stepping import rollout_step, sync_loop
 
 from vespo.buffer import split_minibatches
 from vespo.config import OptimConfig

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import rollout_step, sync_loop
+from stepping import rollout_step, sync_loop
 
 from vespo.losses import get_loss
 from vespo.losses.registry import LossSpec, register, loss_names

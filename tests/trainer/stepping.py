@@ -1,0 +1,25 @@
+"""The sync training loop's parts, built for stepping by hand in the trainer tests."""
+
+from contextlib import contextmanager
+
+from vespo.metrics import reduce_metrics
+
+
+@contextmanager
+def sync_loop(cfg):
+    """The training loop of a sync run, built but not started: step it with ``rollout_step``."""
+    from vespo.trainer.loop import Loop
+    from vespo.trainer.remote import make_learner
+    from vespo.trainer.run import build_run
+    from vespo.trainer.sources import LocalSource
+
+    with build_run(cfg, log=lambda *a: None) as run:
+        learner = make_learner(cfg, run.policy)
+        source = LocalSource(run, learner)
+        source.start(0)
+        yield Loop(run, learner, source)
+
+
+def rollout_step(loop) -> dict:
+    """One rollout step (N updates) of a loop; its metrics reduced as the loop logs them."""
+    return reduce_metrics([loop.train_one()[1] for _ in range(loop.n)])
