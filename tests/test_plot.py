@@ -51,7 +51,7 @@ def test_a_broken_metrics_line_is_named(tmp_path, capsys):
     with open(run / "metrics.jsonl", "a") as f:
         f.write("{not json\n")
     assert main([str(run)]) == 2
-    assert "metrics.jsonl: line 2 is not JSON" in capsys.readouterr().err
+    assert "metrics.jsonl: line 2 is not valid JSON" in capsys.readouterr().err
 
 
 def test_labels_must_match_the_runs(tmp_path):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from vespo.metrics import read_jsonl
+
 KL_KEYS = {"stale": "kl/k3", "engine": "mismatch/k3"}
 PANELS = [("reward/mean", "reward", False), (None, "KL (k3)", True),
           ("optim/grad_norm", "grad norm", True), ("rollout/response_len", "response length", False)]
@@ -55,16 +57,10 @@ def load_run(path: str | Path) -> Run:
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise FileNotFoundError(f"{path} is not a run directory: no metrics.jsonl")
-    rows = []
-    for i, line in enumerate(metrics.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{metrics}: line {i + 1} is not JSON ({e.msg})") from None
-        if "step" not in rows[-1]:
-            raise ValueError(f"{metrics}: line {i + 1} has no 'step'")
+    rows = read_jsonl(metrics)
+    for i, row in enumerate(rows):
+        if "step" not in row:
+            raise ValueError(f"{metrics}: row {i + 1} has no 'step'")
     summary, config = path / "summary.json", path / "config.yaml"
     return Run(path, rows, json.loads(summary.read_text()) if summary.is_file() else {},
                (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {})

@@ -29,6 +29,7 @@ import yaml
 
 from vespo.lab.collapse import Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS
+from vespo.metrics import read_jsonl
 from vespo.plot import Run, load_run
 
 LAST_SHARE = 0.25  # train_last: the last quarter of the optimizer steps
@@ -91,16 +92,7 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[RunResult]]:
 
 def read_sessions(sweep_dir: Path) -> list[dict]:
     path = sweep_dir / "sessions.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {i + 1} is not JSON ({e.msg})") from None
-    return out
+    return read_jsonl(path) if path.is_file() else []
 
 
 def read_run(run_dir: Path) -> RunResult:
