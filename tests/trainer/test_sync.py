@@ -50,6 +50,17 @@ def test_rollout_behavior_uses_engine_logprobs_and_logs_mismatch(make_cfg):
     assert metrics["is/log_w_max"] != 0.0 or metrics["is/log_w_min"] != 0.0
 
 
+def test_the_engine_gap_has_one_name(make_cfg):
+    """mismatch/k1, k3 (engine vs the trainer's pass) is logged once: with μ recomputed the loss's own
+    rollout/k1, k3 (engine vs μ) would be the same numbers under a second name, so the trainer drops them,
+    also when the loss uses the engine's log-probs for its rollout correction."""
+    tis = "loss.options={rollout_correction: {mode: tis_token, threshold: 2.0}}"
+    for overrides in ((), (tis,)):
+        with sync_loop(make_cfg("staleness.n=2", "rollout.engine_dtype=bfloat16", *overrides)) as loop:
+            metrics = rollout_step(loop)
+        assert metrics["mismatch/k3"] > 0 and "rollout/k1" not in metrics and "rollout/k3" not in metrics
+
+
 def _nan_loss_spec():
     name = "test_nan_on_calls_3_4"
     if name in loss_names():
