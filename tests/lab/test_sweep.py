@@ -139,3 +139,32 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     assert [j.action for j in sweep.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
     (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert s["failed"] == 1
+
+
+def test_a_killed_call_still_leaves_its_session_line(tmp_path):
+    """A call killed outright (SIGKILL, a machine restart) keeps its start, the last time it was seen
+    alive and the seconds up to then; the page counts it as killed. A later call appends its own line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vespo.lab.page import wall_text
+
+    code = ("import sys, time; from pathlib import Path; from vespo.lab.sweep import session\n"
+            "with session(Path(sys.argv[1]), 'vespo sweep killed', 1, beat_s=0.05):\n    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
+    path = tmp_path / "sessions.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (path.is_file() and "last_seen" in path.read_text()):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with sweep.session(tmp_path, "vespo sweep resumed", 1):
+        pass
+    killed, resumed = [json.loads(line) for line in path.read_text().splitlines()]
+    assert killed["command"] == "vespo sweep killed" and killed["end"] is None and killed["interrupted"] is None
+    assert killed["seconds"] > 0 and killed["start"] <= killed["last_seen"]
+    assert resumed["command"] == "vespo sweep resumed" and resumed["end"] and resumed["interrupted"] is False
+    assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], [])

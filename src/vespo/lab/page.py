@@ -123,9 +123,11 @@ def wall_text(sessions: list[dict], results: list[RunResult]) -> str:
     runs = f"runs {run_s / 60:.0f} min in all"
     if not sessions:
         return f"not recorded ({runs})"
-    wall = sum(float(x.get("seconds", 0)) for x in sessions)
+    wall = sum(float(x.get("seconds") or 0) for x in sessions)
     calls = f", {len(sessions)} calls" if len(sessions) > 1 else ""
-    return f"{wall / 60:.0f} min{calls} ({runs})"
+    killed = sum(x.get("end") is None for x in sessions)
+    killed = f", {killed} killed (counted to the last time seen alive)" if killed else ""
+    return f"{wall / 60:.0f} min{calls}{killed} ({runs})"
 
 
 def commit_text(sessions: list[dict]) -> str:
@@ -157,7 +159,8 @@ def sweep_section(record: dict, results: list[RunResult], figures: list[Path], r
             if x["command"] not in seen:
                 seen.append(x["command"])
                 lines.append(f"    {x['command']}")
-        first, last = sessions[0].get("start", "?"), sessions[-1].get("end", "?")
+        first = sessions[0].get("start", "?")
+        last = sessions[-1].get("end") or sessions[-1].get("last_seen") or "?"
         lines += ["", f"Ran from {_when(first)} to {_when(last)}; wall time {wall_text(sessions, results)}; "
                       f"commit {commit_text(sessions)}.", ""]
     else:

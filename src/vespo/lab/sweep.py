@@ -27,6 +27,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -218,24 +219,50 @@ def _plan_row(job: Job) -> tuple[str, ...]:
 
 
 class session:
-    """Append one line to SWEEP_DIR/sessions.jsonl for a call that runs something: when it started
-    and ended, the command, the git commit of the code and the machine. A sweep resumed over
-    several calls has several lines; its wall time is their sum."""
+    """One line of SWEEP_DIR/sessions.jsonl per call that runs something: when it started and ended,
+    the command, the git commit of the code and the machine. A sweep resumed over several calls has
+    several lines; its wall time is their sum.
 
-    def __init__(self, out: Path, command_line: str, jobs: int):
+    The line is written when the call starts and rewritten every ``beat_s`` seconds, so a call that is
+    killed outright (SIGKILL, a machine restart) still leaves its start, the last time it was seen
+    alive and the seconds up to then, with ``end`` null: the page counts it as killed."""
+
+    def __init__(self, out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
         self.path = out / "sessions.jsonl"
+        self.beat_s = beat_s
         self.record = {"command": command_line, "jobs": jobs, **source_commit(), "machine": machine()}
+        self._stop = threading.Event()
 
     def __enter__(self) -> dict:
         self.t0 = time.time()
-        self.record["start"] = _iso(self.t0)
+        self.record.update(start=_iso(self.t0), end=None, seconds=0.0, interrupted=None)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            self.offset = f.tell()  # where this call's line starts: rewritten in place from here
+            f.write(json.dumps(self.record) + "\n")
+        self._beat = threading.Thread(target=self._beating, daemon=True)
+        self._beat.start()
         return self.record
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        self._beat.join()
         t1 = time.time()
         self.record.update(end=_iso(t1), seconds=round(t1 - self.t0, 1), interrupted=exc_type is not None)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(self.record) + "\n")
+        self._write()
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            now = time.time()
+            self.record.update(last_seen=_iso(now), seconds=round(now - self.t0, 1))
+            self._write()
+
+    def _write(self) -> None:
+        # this call's line is the file's last: keep what came before, replace the rest
+        with open(self.path, "r+") as f:
+            f.seek(self.offset)
+            f.truncate()
+            f.write(json.dumps(dict(self.record)) + "\n")
 
 
 def _iso(t: float) -> str:
