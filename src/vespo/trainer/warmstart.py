@@ -30,7 +30,7 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
     probe = AccuracyProbe(model, tokenizer, task, cfg) if ws.target_accuracy > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr)
     model.train()
-    loss, steps, accuracy = torch.zeros(()), 0, float("nan")
+    loss, steps, accuracy = torch.zeros(()), 0, None  # accuracy is measured only with a target
     for step in range(ws.steps):
         chunk = problems[step * ws.batch_size : (step + 1) * ws.batch_size]
         batch = sft_batch(chunk, task, tokenizer)
@@ -46,15 +46,16 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
             if accuracy >= ws.target_accuracy:
                 break
     model.eval()
-    stats = {"warmstart/final_loss": float(loss.detach()), "warmstart/steps": float(steps),
-             "warmstart/sampled_accuracy": accuracy}
+    stats = {"warmstart/final_loss": float(loss.detach()), "warmstart/steps": float(steps)}
+    if accuracy is not None:
+        stats["warmstart/sampled_accuracy"] = accuracy
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp))
     path.with_suffix(".json").write_text(json.dumps(stats))
     tmp.replace(path)
-    log(f"warm start: {steps} supervised steps, final loss {stats['warmstart/final_loss']:.3f}, "
-        f"sampled accuracy {accuracy:.3f} -> {path}")
+    measured = "" if accuracy is None else f", sampled accuracy {accuracy:.3f}"
+    log(f"warm start: {steps} supervised steps, final loss {stats['warmstart/final_loss']:.3f}{measured} -> {path}")
     return stats
 
 
