@@ -141,3 +141,16 @@ def test_check_claims_finds_an_open_axis():
                                  "greater", where="c 1")])
     with pytest.raises(cl.ClaimsError, match=r"c 1: compare.a \{'loss': 'vespo'\} leaves the axis/axes \['N'\] open"):
         cl.check_claims(claims, records)
+
+
+def test_an_unfinished_lr_grid_decides_nothing(tmp_path, synthetic):
+    """One seed of two has run: the ranges are printed, but more seeds can only narrow them."""
+    sw = synthetic("lr", {"seed": ["0", "1"], "lr": ["1e-4", "3e-4"], "loss": ["vespo", "grpo"]})
+    for label, lr in (("1e-4", 1e-4), ("3e-4", 3e-4)):
+        for loss in ("vespo", "grpo"):
+            sw.run({"seed": "0", "lr": label, "loss": loss}, [0.4, 0.5, 0.5], lr=lr, eval_sampled=0.5)
+    entries = [{"paper": "p", "sweep": "lr", "lr_range": {"loss": "vespo"}, "expect": "widest"}]
+    (v,) = cl.evaluate(_claims(tmp_path, entries), {"lr": read_sweep(sw.dir)})
+    assert v.verdict == "not resolved"
+    assert v.measured == ("vespo: 3x (1e-4 to 3e-4); grpo: 3x (1e-4 to 3e-4); 4 of 8 runs finished: "
+                          "not decided until the sweep is complete")

@@ -30,7 +30,8 @@ same warm start and prompt order):
     some         at least one collapsed: agrees; none: not resolved ("can collapse" is not refuted)
     none         no run collapsed: agrees; any: disagrees
     widest       the named condition's stable lr range (vespo.lab.lr_range) is at least as wide as
-                 every other condition's: agrees; another is wider: disagrees
+                 every other condition's: agrees; another is wider: disagrees; a grid with runs
+                 still to finish: not resolved (more seeds can only narrow a range)
 
 With a list of b, every comparison must agree for the claim to agree; any disagreement makes it
 disagree. A sweep that was not run, or cells without finished runs, give "not run".
@@ -288,6 +289,13 @@ def _lr(claim: Claim, record: dict, results: list[RunResult]) -> Verdict:
     parts = [lr_range_text(r) for r in [target, *others]]
     if all(p.runs == 0 for p in target.points):
         return Verdict(claim, "no finished runs", NOT_RUN, parts)
+    # a range is "no run at any seed collapsed": with seeds still to run it can only shrink, so an
+    # unfinished grid decides nothing
+    planned = math.prod(len(a["values"]) for a in record.get("axes", []))
+    usable = sum(p.runs for r in ranges for p in r.points)
+    if usable < planned:
+        return Verdict(claim, "; ".join(parts) + f"; {usable} of {planned} runs finished: not decided until the "
+                       "sweep is complete", UNRESOLVED, parts)
     wider = [r for r in others if _width(r) > _width(target)]
     return Verdict(claim, "; ".join(parts), DISAGREES if wider else AGREES, parts)
 
