@@ -168,3 +168,31 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
     assert killed["seconds"] > 0 and killed["start"] <= killed["last_seen"]
     assert resumed["command"] == "vespo sweep resumed" and resumed["end"] and resumed["interrupted"] is False
     assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], [])
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
+    """A run killed in its first seconds leaves metrics.jsonl (empty) and no checkpoint; the next call
+    must run it again (with --resume, which starts over when there is no checkpoint) rather than
+    start it plain, which `vespo train` refuses on a directory that already holds a run."""
+    spec = yaml.safe_load(QUICK.read_text())
+    spec["grid"] = {"run.seed": [0]}
+    spec["overrides"] = ["staleness.n=1"]
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "one"
+    argv = [str(path), "--out", str(out), "--jobs", "1", f"warmstart.cache_dir={tmp_path / 'ws'}", *SMALL]
+
+    def planned():
+        spec = load_sweep(path)
+        spec.overrides += argv[5:]
+        return sweep.plan(spec, out)
+
+    (job,) = planned()
+    assert job.action == "start"
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "metrics.jsonl").write_text("")  # what the killed process had written
+    assert [j.action for j in planned()] == ["resume"]
+    assert sweep.main(argv) == 0
+    assert json.loads((job.run_dir / "summary.json").read_text())["status"] == "done"
+    steps = [json.loads(line)["step"] for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps and steps == sorted(set(steps))  # one run's rows, once each

@@ -10,9 +10,10 @@ per call that ran something: start, end, command, git commit, machine) and one n
 directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/, train.log and
 lab.json with the point's labels and exit status). The plan shows per run the protocol: N, the
 mini-batch (prompts x responses per prompt), the rollout batch (N x mini-batch), rollout steps,
-optimizer steps and samples; with the sweep file's `cost`, the expected wall time. Processes run `jobs` at a time with one torch
-thread each. Re-running the same command resumes the sweep: finished runs (summary.json with status
-done) are skipped, runs with a checkpoint are resumed with --resume, failed runs are kept as failed
+optimizer steps and samples; with the sweep file's `cost`, the expected wall time. Processes run
+`jobs` at a time with one torch thread each. Re-running the same command resumes the sweep:
+finished runs (summary.json with status done) are skipped, runs with a checkpoint are resumed with
+--resume (a run killed before its first checkpoint starts over), failed runs are kept as failed
 unless --retry-failed. A sweep directory refuses a changed base config or a run whose overrides
 changed; --only runs part of the grid, and a later call can add the rest. Runs that share a warm
 start wait for the first of them to write it.
@@ -173,6 +174,8 @@ def _action(run_dir: Path, retry_failed: bool) -> str:
     if lab.exists() and json.loads(lab.read_text()).get("returncode", 0) != 0 and not retry_failed:
         return "failed"
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+        return "resume"
+    if (run_dir / "metrics.jsonl").exists():  # killed before its first checkpoint: --resume starts it over
         return "resume"
     return "start"
 
