@@ -154,3 +154,18 @@ def test_an_unfinished_lr_grid_decides_nothing(tmp_path, synthetic):
     assert v.verdict == "not resolved"
     assert v.measured == ("vespo: 3x (1e-4 to 3e-4); grpo: 3x (1e-4 to 3e-4); 4 of 8 runs finished: "
                           "not decided until the sweep is complete")
+
+
+def test_a_tied_lr_range_agrees_and_says_it_is_tied(tmp_path, synthetic):
+    """'At least as wide as every other' holds on a tie; the measured text names who it ties with."""
+    sw = synthetic("lr", {"seed": ["0"], "lr": ["1e-4", "3e-4"], "loss": ["vespo", "grpo", "sapo"]})
+    for label, lr in (("1e-4", 1e-4), ("3e-4", 3e-4)):
+        for loss in ("vespo", "grpo", "sapo"):
+            dead = loss == "sapo" and label == "3e-4"
+            sw.run({"seed": "0", "lr": label, "loss": loss}, [0.4, 0.5, 0.0] if dead else [0.4, 0.5, 0.5], lr=lr,
+                   eval_sampled=0.5)
+    entries = [{"paper": "p", "sweep": "lr", "lr_range": {"loss": "vespo"}, "expect": "widest"}]
+    (v,) = cl.evaluate(_claims(tmp_path, entries), {"lr": read_sweep(sw.dir)})
+    assert v.verdict == "agrees"
+    assert v.measured == ("vespo: 3x (1e-4 to 3e-4); grpo: 3x (1e-4 to 3e-4); sapo: 1x (1e-4 to 1e-4); "
+                          "no wider than (tied): grpo")

@@ -297,7 +297,9 @@ def _lr(claim: Claim, record: dict, results: list[RunResult]) -> Verdict:
         return Verdict(claim, "; ".join(parts) + f"; {usable} of {planned} runs finished: not decided until the "
                        "sweep is complete", UNRESOLVED, parts)
     wider = [r for r in others if _width(r) > _width(target)]
-    return Verdict(claim, "; ".join(parts), DISAGREES if wider else AGREES, parts)
+    tied = [", ".join(r.condition.values()) for r in others if _width(r) == _width(target)]
+    measured = "; ".join(parts) + (f"; no wider than (tied): {', '.join(tied)}" if tied and not wider else "")
+    return Verdict(claim, measured, DISAGREES if wider else AGREES, parts)
 
 
 def _width(r: LrRange) -> float:
