@@ -183,9 +183,9 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     argv = [str(path), "--out", str(out), "--jobs", "1", f"warmstart.cache_dir={tmp_path / 'ws'}", *SMALL]
 
     def planned():
-        spec = load_sweep(path)
-        spec.overrides += argv[5:]
-        return sweep.plan(spec, out)
+        loaded = load_sweep(path)
+        loaded.overrides += argv[5:]
+        return sweep.plan(loaded, out)
 
     (job,) = planned()
     assert job.action == "start"

@@ -297,7 +297,7 @@ def _lr(claim: Claim, record: dict, results: list[RunResult]) -> Verdict:
         return Verdict(claim, "; ".join(parts) + f"; {usable} of {planned} runs finished: not decided until the "
                        "sweep is complete", UNRESOLVED, parts)
     wider = [r for r in others if _width(r) > _width(target)]
-    tied = [", ".join(r.condition.values()) for r in others if _width(r) == _width(target)]
+    tied = [_name(r) for r in others if _width(r) == _width(target)]
     measured = "; ".join(parts) + (f"; no wider than (tied): {', '.join(tied)}" if tied and not wider else "")
     return Verdict(claim, measured, DISAGREES if wider else AGREES, parts)
 
@@ -306,8 +306,12 @@ def _width(r: LrRange) -> float:
     return r.width if r.low is not None else 0.0
 
 
+def _name(r: LrRange) -> str:
+    return ", ".join(r.condition.values()) or "all"
+
+
 def lr_range_text(r: LrRange) -> str:
-    name = ", ".join(r.condition.values()) or "all"
+    name = _name(r)
     incomplete = " (incomplete)" if any(p.missing for p in r.points) else ""
     if r.low is None:
         return f"{name}: no stable lr{incomplete}"

@@ -173,11 +173,9 @@ def _action(run_dir: Path, retry_failed: bool) -> str:
         return "skip"
     if lab.exists() and json.loads(lab.read_text()).get("returncode", 0) != 0 and not retry_failed:
         return "failed"
-    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-        return "resume"
-    if (run_dir / "metrics.jsonl").exists():  # killed before its first checkpoint: --resume starts it over
-        return "resume"
-    return "start"
+    checkpoints = run_dir / "checkpoints"
+    started = (run_dir / "metrics.jsonl").exists() or (checkpoints.is_dir() and any(checkpoints.iterdir()))
+    return "resume" if started else "start"  # --resume starts over a run killed before its first checkpoint
 
 
 def _warm_key(cfg) -> str:
