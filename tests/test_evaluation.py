@@ -10,7 +10,8 @@ from math import comb
 
 import pytest
 
-from vespo.evaluation import avg_at_k, evaluate, main, parse_assignments, pass_at_k
+from vespo.eval_cli import main, parse_assignments
+from vespo.evaluation import avg_at_k, evaluate, pass_at_k
 from vespo.rewards import RewardScorer
 from vespo.tasks import get_task
 from vespo.types import Problem

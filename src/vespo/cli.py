@@ -24,7 +24,7 @@ from vespo.errors import UserError, debug_requested, one_line
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vespo.trainer.cli", "train a policy (sync or async) from a YAML config"),
     "kernels": ("vespo.kernels", "plot each loss's effective coefficient on grad log pi vs W"),
-    "eval": ("vespo.evaluation", "avg@k and pass@k of a policy on a dataset or task"),
+    "eval": ("vespo.eval_cli", "avg@k and pass@k of a policy on a dataset or task"),
     "plot": ("vespo.plot", "draw the curves of one or more run directories"),
     "sweep": ("vespo.lab.sweep", "run a grid of experiments (losses x staleness x seeds)"),
     "report": ("vespo.lab.report", "write the table and figures of a sweep"),

@@ -185,13 +185,28 @@ class Config:
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"yaml": "async"})
     run: RunConfig = field(default_factory=RunConfig)
 
+    # Values derived from the fields, in this one place; validation checks them and never rewrites a field.
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts per rollout batch: staleness.n x staleness.minibatch_prompts when that is set (the paper's
+        protocol: N varies at a fixed mini-batch), else rollout.prompts_per_step."""
+        if self.staleness.minibatch_prompts:
+            return self.staleness.n * self.staleness.minibatch_prompts
+        return self.rollout.prompts_per_step
+
+    @property
+    def steps(self) -> int:
+        """Rollout steps of the run: run.updates / staleness.n when run.updates is set, else run.steps."""
+        return self.run.updates // self.staleness.n if self.run.updates else self.run.steps
+
     @property
     def responses_per_step(self) -> int:
-        return self.rollout.prompts_per_step * self.rollout.group_size
+        return self.prompts_per_step * self.rollout.group_size
 
     @property
     def prompts_per_minibatch(self) -> int:
-        return self.rollout.prompts_per_step // self.staleness.n
+        return self.prompts_per_step // self.staleness.n
 
     @property
     def behavior(self) -> str:
@@ -202,8 +217,8 @@ class Config:
 
     @property
     def total_updates(self) -> int:
-        """Optimizer steps of the whole run: run.steps rollout steps of staleness.n updates."""
-        return self.run.steps * self.staleness.n
+        """Optimizer steps of the whole run: ``steps`` rollout steps of staleness.n updates."""
+        return self.steps * self.staleness.n
 
 
 class ConfigError(UserError, ValueError):
@@ -317,8 +332,10 @@ def validate(cfg: Config) -> Config:
     """Check every field's range and the cross-field rules; raise ConfigError naming the field."""
     _validate_section(cfg, "")
     r, s = cfg.rollout, cfg.staleness
-    _resolve_protocol(cfg)
-    if r.prompts_per_step % s.n:
+    if cfg.run.updates and cfg.run.updates % s.n:
+        raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
+                          "rollout steps of N optimizer steps each)")
+    if not s.minibatch_prompts and r.prompts_per_step % s.n:
         raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
                           "(each mini-batch holds whole groups)")
     if r.group_size < 2 and cfg.advantage.estimator in ("grpo", "rloo", "mean"):
@@ -334,23 +351,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"run.loggers has unknown sink(s) {bad}; choose from jsonl, tensorboard, wandb")
     _validate_loss(cfg.loss)
     return cfg
-
-
-def _resolve_protocol(cfg: Config) -> None:
-    """Derive the rollout batch from the mini-batch and the rollout steps from the optimizer steps.
-
-    The paper varies staleness at a fixed mini-batch: rollout batch = N x mini-batch, with the
-    same number of optimizer steps at every N. ``staleness.minibatch_prompts`` and ``run.updates``
-    express that; set, they overwrite ``rollout.prompts_per_step`` and ``run.steps``.
-    """
-    s = cfg.staleness
-    if s.minibatch_prompts:
-        cfg.rollout.prompts_per_step = s.n * s.minibatch_prompts
-    if cfg.run.updates:
-        if cfg.run.updates % s.n:
-            raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
-                              "rollout steps of N optimizer steps each)")
-        cfg.run.steps = cfg.run.updates // s.n
 
 
 def _validate_modes(cfg: Config) -> None:
@@ -413,11 +413,16 @@ def _validate_loss(loss: LossConfig) -> None:
 
 
 def to_dict(cfg: Any) -> dict:
-    """Plain data (YAML names) of a config, for run directories and checkpoints."""
+    """Plain data (YAML names) of a config, for run directories and checkpoints.
+
+    A whole Config records its derived rollout batch and run length in ``rollout.prompts_per_step`` and
+    ``run.steps`` (the values the run used; reading the dict back derives the same ones)."""
     out = {}
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         out[_yaml_name(f)] = to_dict(value) if dataclasses.is_dataclass(value) else value
+    if isinstance(cfg, Config):
+        out["rollout"]["prompts_per_step"], out["run"]["steps"] = cfg.prompts_per_step, cfg.steps
     return out
 
 

@@ -29,23 +29,71 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def mismatch_metrics(rollout_logp: Tensor, train_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Train-inference mismatch between the engine's and the trainer's log-probs of the same tokens.
+# ---------------------------------------------------------------- step statistics as rows
+#
+# Like the losses' diagnostics (vespo.losses.diagnostics), the rollout and engine-mismatch
+# statistics of a step are kept as per-row tensors [B] (float64) and turned into metrics once,
+# from the rows of the whole step, so they do not depend on how the step was split.
 
-    k1 = mean(logp_rollout - logp_train); k3 = mean(exp(d) - 1 - d) with d = logp_rollout - logp_train;
-    log-ppl of each engine = -mean(logp) over response tokens, and their difference.
-    """
-    mask = mask.float()
-    d = torch.where(mask.bool(), rollout_logp - train_logp, torch.zeros_like(rollout_logp)).clamp(-20, 20)
-    ppl_rollout = -masked_mean(rollout_logp, mask)
-    ppl_train = -masked_mean(train_logp, mask)
+
+@torch.no_grad()
+def rollout_rows(rewards: Tensor, response_mask: Tensor, truncated: Tensor, flat_group: Tensor) -> dict[str, Tensor]:
+    """Per-row rollout statistics of every sampled response (before any row is dropped).
+
+    ``rewards [B]``, ``response_mask [B, T]``, ``truncated [B]`` bool, ``flat_group [B]`` bool (its group's
+    rewards are all equal, so its advantage is 0)."""
+    return {"reward": rewards.double(), "length": response_mask.double().sum(dim=-1),
+            "truncated": truncated.double(), "flat_group": flat_group.double()}
+
+
+@torch.no_grad()
+def summarize_rollout(rows: dict[str, Tensor]) -> dict[str, float]:
+    """reward/*, rollout/* of a step from its rollout rows (:func:`rollout_rows`)."""
+    if not rows or rows["reward"].numel() == 0:
+        return {}
+    reward, length = rows["reward"], rows["length"]
     return {
-        "mismatch/k1": masked_mean(d, mask),
-        "mismatch/k3": masked_mean(torch.expm1(d) - d, mask),
-        "mismatch/log_ppl_rollout": ppl_rollout,
-        "mismatch/log_ppl_train": ppl_train,
-        "mismatch/log_ppl_diff": ppl_rollout - ppl_train,
-        "mismatch/max_abs_diff": (d.abs() * mask).max() if mask.any() else torch.zeros(()),
+        "reward/mean": float(reward.mean()),
+        "reward/accuracy": float((reward >= 1.0).double().mean()),
+        "reward/std": float(reward.std()) if reward.numel() > 1 else 0.0,
+        "rollout/response_len": float(length.mean()),
+        "rollout/response_len_max": float(length.max()),
+        "rollout/eos_rate": float(1.0 - rows["truncated"].mean()),
+        "rollout/zero_var_group_frac": float(rows["flat_group"].mean()),
+        "rollout/n_tokens": float(length.sum()),
+        "rollout/n_samples": float(reward.numel()),
+    }
+
+
+@torch.no_grad()
+def behavior_rows(rollout_logp: Tensor, train_logp: Tensor, entropy: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Per-row sums of the engine-vs-trainer gap on the same tokens (``[B, T]`` each) and of the entropy.
+
+    d = rollout_logp - train_logp (clamped to +-20) per valid token."""
+    m = mask.double()
+    rollout, train = rollout_logp.double() * m, train_logp.double() * m
+    d = ((rollout - train) * m).clamp(-20, 20)  # [B, T], 0 on padding
+    return {"tokens": m.sum(dim=-1), "mm_k1": d.sum(dim=-1), "mm_k3": (torch.expm1(d) - d).sum(dim=-1),
+            "mm_logp_rollout": rollout.sum(dim=-1), "mm_logp_train": train.sum(dim=-1),
+            "mm_abs_max": d.abs().amax(dim=-1) if d.shape[-1] else m.new_zeros(m.shape[0]),
+            "entropy": (entropy.double() * m).sum(dim=-1)}
+
+
+@torch.no_grad()
+def summarize_behavior(rows: dict[str, Tensor]) -> dict[str, float]:
+    """mismatch/* (engine vs trainer) and rollout/entropy from the behaviour rows of a step."""
+    if not rows or rows["tokens"].numel() == 0:
+        return {}
+    n = rows["tokens"].sum().clamp(min=1.0)
+    ppl_rollout, ppl_train = -rows["mm_logp_rollout"].sum() / n, -rows["mm_logp_train"].sum() / n
+    return {
+        "mismatch/k1": float(rows["mm_k1"].sum() / n),
+        "mismatch/k3": float(rows["mm_k3"].sum() / n),
+        "mismatch/log_ppl_rollout": float(ppl_rollout),
+        "mismatch/log_ppl_train": float(ppl_train),
+        "mismatch/log_ppl_diff": float(ppl_rollout - ppl_train),
+        "mismatch/abs_diff_max": float(rows["mm_abs_max"].max()),
+        "rollout/entropy": float(rows["entropy"].sum() / n),
     }
 
 

@@ -2,7 +2,7 @@
 
     Problem  (tasks / data)     a prompt and its ground truth
     Rollout  (rollout engine)   sampled responses with behavior log-probs and policy versions
-    LossOutput (losses)         a scalar loss and its diagnostics
+    TrainBatch (rollout/learner) scored, versioned samples for the learner
 
 Shapes: B = number of sequences, P = prompt length (left-padded), T = response length
 (right-padded), L = MoE layers, K = experts chosen per token.
@@ -54,19 +54,10 @@ class Rollout:
         return int(self.response_ids.shape[0])
 
 
-@dataclass
-class LossOutput:
-    """What every policy loss returns."""
-
-    loss: Tensor  # [] scalar, carries the gradient
-    metrics: dict[str, Tensor]  # name -> detached tensor ([] scalar), namespaced ("is/ess", ...)
-    seq_weight: Tensor | None = None  # [B] detached: each row's gradient weight relative to REINFORCE (-A * grad
-    #                                    log pi), averaged over its tokens (VESPO: phi(W)); NaN where A = 0
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainBatch:
-    """Scored, versioned samples ready for the learner: one row per response."""
+    """Scored, versioned samples ready for the learner: one row per response. Immutable: the learner
+    works on its own copies (``dataclasses.replace``) when it sets μ or the routing to replay."""
 
     prompt_ids: Tensor  # [B, P] int64, left-padded
     prompt_mask: Tensor  # [B, P] int64
@@ -79,10 +70,11 @@ class TrainBatch:
     versions: Tensor  # [B] int64, the oldest policy version that sampled a token of the row
     versions_max: Tensor  # [B] int64, the newest (differs from `versions` for partial rollouts)
     truncated: Tensor  # [B] bool
-    old_logp: Tensor | None = None  # [B, T] float32, mu's log-probs used by the loss (set by the learner)
-    # [B, P+T, L, K] int64: the MoE experts every training forward replays at each position of
-    # cat(prompt, response), -1 where the live router chooses (see docs/router_replay.md)
+    # [B, P+T, L, K] int64: MoE experts routed at each position of cat(prompt, response), -1 where the
+    # live router chooses: the engine's record (R3) as delivered; in the learner's copy, what every
+    # training forward replays (docs/router_replay.md)
     routed_experts: Tensor | None = None
+    old_logp: Tensor | None = None  # [B, T] float32, μ's log-probs: only in the learner's own copy
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

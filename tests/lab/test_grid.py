@@ -86,7 +86,7 @@ def test_every_shipped_lab_config_expands_and_validates(shipped_points):
             continue
         # the paper's protocol: a fixed mini-batch and a run length in optimizer steps
         assert cfg.staleness.minibatch_prompts > 0 and cfg.run.updates > 0, (stem, name)
-        assert cfg.run.steps * cfg.staleness.n == cfg.run.updates
+        assert cfg.steps * cfg.staleness.n == cfg.run.updates
         # the paper's GRPO baseline: clip-higher
         if cfg.loss.name == "grpo":
             assert (cfg.loss.options["eps_low"], cfg.loss.options["eps_high"]) == (0.2, 0.28), (stem, name)
@@ -102,7 +102,7 @@ def test_the_experiments_vary_what_they_say(shipped_points):
         by.setdefault(stem, []).append(cfg)
     staleness = by["staleness"]
     assert sorted({c.staleness.n for c in staleness}) == [1, 4, 8, 16, 32, 64]
-    assert {c.staleness.n * 8 for c in staleness} == {c.rollout.prompts_per_step for c in staleness}
+    assert {c.staleness.n * 8 for c in staleness} == {c.prompts_per_step for c in staleness}
     assert {c.run.updates for c in staleness} == {512} and len({c.run.seed for c in staleness}) == 5
     assert {c.loss.options.get("length_norm") for c in by["length_norm"]} == {"none", "sqrt", "linear"}
     for stem in ("async", "lr_range_async"):

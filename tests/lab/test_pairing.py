@@ -49,7 +49,7 @@ def _drawn(cfg, train):
     stream = PromptStream(train, seed=cfg.run.seed)
     if cfg.run.mode == "async":
         return [p.id for _ in range(cfg.run.updates) for p in stream.next_batch(cfg.prompts_per_minibatch)]
-    return [p.id for _ in range(cfg.run.steps) for p in stream.next_batch(cfg.rollout.prompts_per_step)]
+    return [p.id for _ in range(cfg.steps) for p in stream.next_batch(cfg.prompts_per_step)]
 
 
 def test_one_seed_draws_the_same_prompt_order_in_every_condition(configs):

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vespo.losses import get_loss, loss_names
-from vespo.losses.diagnostics import masked_quantile, metric_reduction
+from vespo.losses import concat_rows, summarize
+from vespo.losses.diagnostics import metric_reduction
 
 from .batches import make_batch
 
@@ -81,12 +82,14 @@ def test_rollout_kl_reported_when_rollout_logp_given():
     assert "rollout/k1" not in metrics_of("grpo", make_batch(seed=43))
 
 
-def test_masked_quantile_matches_torch_quantile_and_handles_empty():
-    x = torch.tensor([5.0, -1.0, 3.0, 100.0, 2.0])
-    valid = torch.tensor([True, True, True, False, True])
-    for q in (0.0, 0.25, 0.5, 0.9, 1.0):
-        assert masked_quantile(x, valid, q).item() == pytest.approx(torch.quantile(x[valid], q).item())
-    assert masked_quantile(x, torch.zeros(5, dtype=torch.bool), 0.5).item() == 0.0
+def test_quantiles_are_exact_and_an_empty_batch_reports_zero():
+    batch = make_batch(B=5, T=4, seed=47, scale=1.0)
+    m = metrics_of("grpo", batch)
+    log_w = torch.where(batch["mask"], batch["logp"] - batch["old_logp"], 0.0).sum(-1)[batch["mask"].any(-1)]
+    for key, q in (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("max", 1.0)):
+        assert m[f"is/log_w_{key}"].item() == pytest.approx(torch.quantile(log_w, q).item(), rel=1e-12)
+    empty = {k: v[-1:] for k, v in batch.items()}  # the all-masked row alone
+    assert all(v.item() == 0.0 for v in metrics_of("grpo", empty).values())
 
 
 KERNEL_KEYS = {"vespo/log_w_min", "vespo/log_w_p50", "vespo/log_w_p90", "vespo/log_w_max", "vespo/w_ess",
@@ -143,39 +146,32 @@ def test_kernel_metrics_of_an_empty_sign_are_zero():
     assert [m[f"vespo/{k}"].item() for k in ("eq_w_neg", "phi_neg_sum", "phi_neg_ess")] == [0.0, 0.0, 0.0]
 
 
-def reduce_by_name(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The trainer's reduction rule over micro-batches: *_max by max, *_min by min, *_sum and n_* by sum, else mean."""
-    out = {}
-    for key in parts[0]:
-        values = torch.stack([p[key] for p in parts])
-        last = key.rsplit("/", 1)[-1]
-        if key.endswith("_max"):
-            out[key] = values.max().item()
-        elif key.endswith("_min"):
-            out[key] = values.min().item()
-        elif key.endswith("_sum") or last.startswith("n_"):
-            out[key] = values.sum().item()
-        else:
-            out[key] = values.mean().item()
-    return out
-
-
 @pytest.mark.parametrize("name", loss_names())
-def test_metric_names_reduce_to_the_whole_batch_value(name):
-    """A metric named *_max, *_min, *_sum or n_* is a max, min, sum or count: reduced by its name over
-    micro-batches it equals the whole batch's value (vespo_adaptive's phi depends on the micro-batch, so
-    only its weight statistics are compared)."""
-    batch = make_batch(B=12, T=5, seed=46, scale=0.5)
-    batch["advantages"][[3, 7]] = -batch["advantages"][[3, 7]].abs() - 0.2  # A < 0 in every micro-batch
-    full = metrics_of(name, batch)
-    parts = [metrics_of(name, {k: v[rows] for k, v in batch.items()}) for rows in (slice(0, 5), slice(5, 12))]
-    reduced = reduce_by_name(parts)
-    exact = [k for k in full if k.endswith(("_max", "_min", "_sum")) or k.rsplit("/", 1)[-1].startswith("n_")]
-    if name == "vespo_adaptive":
-        exact = [k for k in exact if "phi" not in k]
-    assert "is/log_w_max" in exact and "is/n_seq" in exact
-    for key in exact:
-        assert reduced[key] == pytest.approx(full[key].item(), rel=1e-12), key
+@pytest.mark.parametrize("token_adv", [False, True])
+def test_rows_of_micro_batches_give_the_whole_batch_metrics(name, token_adv):
+    """Every metric is formed from the rows of the whole batch: summarizing the concatenated rows of the
+    micro-batches (uneven, one of them with no A < 0 row) gives the whole batch's value of every metric.
+    vespo_adaptive picks its kernel per call, so its split calls use other kernels: only the keys that
+    do not depend on the kernel are compared there."""
+    batch = make_batch(B=12, T=5, seed=46, scale=0.5, token_adv=token_adv, rollout=True)
+    batch["advantages"][[3, 7]] = -batch["advantages"][[3, 7]].abs() - 0.2
+    batch["advantages"][:3] = batch["advantages"][:3].abs()  # the first micro-batch has no A < 0 entry
+    spec = get_loss(name)
+    cfg = spec.config_cls()
+
+    def call(rows):
+        return spec.fn(cfg=cfg, normalizer=7.0, **{k: v[rows] for k, v in batch.items()})
+
+    full = call(slice(None))
+    parts = [call(rows) for rows in (slice(0, 3), slice(3, 4), slice(4, 12))]
+    merged = summarize(concat_rows([p.rows for p in parts]))
+    assert set(merged) == set(full.metrics)
+    if name != "vespo_adaptive":
+        torch.testing.assert_close(sum(p.loss for p in parts), full.loss, rtol=1e-12, atol=1e-14)
+    keys = [k for k in full.metrics if name != "vespo_adaptive" or k.startswith(("is/", "kl/", "rollout/"))]
+    assert "is/ess" in keys and "is/log_w_p90" in keys
+    for key in keys:
+        torch.testing.assert_close(merged[key], full.metrics[key], rtol=1e-12, atol=1e-14, msg=key)
 
 
 def test_metric_reduction_states_the_naming_rule():

@@ -2,8 +2,6 @@
 
 from contextlib import contextmanager
 
-from vespo.metrics import reduce_metrics
-
 
 @contextmanager
 def sync_loop(cfg):
@@ -22,4 +20,9 @@ def sync_loop(cfg):
 
 def rollout_step(loop) -> dict:
     """One rollout step (N updates) of a loop; its metrics reduced as the loop logs them."""
-    return reduce_metrics([loop.train_one()[1] for _ in range(loop.n)])
+    from vespo.trainer.loop import StepWindow
+
+    window = StepWindow()
+    for _ in range(loop.n):
+        loop.train_one(window)
+    return window.metrics(loop.source.max_lag)

@@ -117,7 +117,7 @@ def test_failing_worker_stops_the_run_with_a_checkpoint_and_no_ray_processes(mak
         def reward_fn(completions, truths):
             raise RuntimeError("reward service down")
 
-        worker.producer.reward_fn = reward_fn
+        worker.rollout_scorer.reward_fn = reward_fn
 
     with pytest.raises(WorkerError, match="rollout worker 0 failed on ticket"):
         train(cfg, on_update=break_the_worker)

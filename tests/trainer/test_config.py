@@ -10,7 +10,7 @@ def test_defaults_validate_and_demo_loads():
 
     cfg = load_config(default_config_path())
     assert cfg.loss.name == "vespo" and cfg.staleness.n == 8
-    assert cfg.prompts_per_minibatch * cfg.staleness.n == cfg.rollout.prompts_per_step
+    assert cfg.prompts_per_minibatch * cfg.staleness.n == cfg.prompts_per_step
 
 
 def test_overrides_parse_values_by_type(tmp_path):
@@ -70,8 +70,9 @@ def test_paper_protocol_fixes_the_minibatch_and_the_optimizer_steps(n):
     """staleness.minibatch_prompts and run.updates: N varies alone (rollout batch = N x mini-batch)."""
     cfg = load_config(None, [f"staleness.n={n}", "staleness.minibatch_prompts=8", "run.updates=512"])
     assert cfg.prompts_per_minibatch == 8
-    assert cfg.rollout.prompts_per_step == 8 * n
-    assert cfg.run.steps * n == 512  # equal optimizer steps (and samples) at every N
+    assert cfg.prompts_per_step == 8 * n
+    assert cfg.steps * n == 512  # equal optimizer steps (and samples) at every N
+    assert (cfg.rollout.prompts_per_step, cfg.run.steps) == (32, 40)  # derived, never written back by validation
     from vespo.config import from_dict, validate
 
     again = validate(from_dict(to_dict(cfg)))  # a saved config resolves to itself

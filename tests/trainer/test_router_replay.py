@@ -3,10 +3,11 @@
 R2: the learner's recompute of μ records its expert choices and every training forward replays
 them. R3: the engine records its choices at every position and both the recompute and every
 training forward replay them. Batches come from the real HF engine; the learner is driven
-through its public API (behavior_logp, update), as the training loop drives it.
+through its public API (prepare, update, behavior_pass), as the training loop drives it.
 """
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from vespo.models import build_char_tokenizer, record_routing, response_hidden_s
 from vespo.models.moe import stack_routing
 from vespo.rollout import HFEngine, SamplingParams
 from vespo.trainer.learner import Learner
+from vespo.trainer.protocols import TrainItem
 from vespo.types import TrainBatch
 
 PROMPTS = [f"{a}+{b}=" for a in range(8) for b in range(4)]  # 32 rows
@@ -49,9 +51,26 @@ def batch_of(rollout, seed=0) -> TrainBatch:
                       routed_experts=rollout.routed_experts)
 
 
-def learner_for(model, lr=1e-4, micro_batch_size=8):
-    return Learner(copy.deepcopy(model), "grpo", {}, OptimConfig(lr=lr, micro_batch_size=micro_batch_size),
-                   total_updates=10)
+def learner_for(model, replay="none", lr=1e-4, micro_batch_size=8, share=False):
+    """A learner with μ recomputed; ``share=False`` gives every item a behaviour pass of its own (eval mode, no
+    grad) instead of the lag-0 update's forward, so that μ and the training forward are two passes
+    (``share=None`` leaves the learner's own choice)."""
+    learner = Learner(copy.deepcopy(model), "grpo", {}, OptimConfig(lr=lr, micro_batch_size=micro_batch_size),
+                      total_updates=10, replay=replay)
+    if share is not None:
+        learner.can_share = share
+    return learner
+
+
+def item(batch, index=0) -> TrainItem:
+    return TrainItem(index, batch, sampled_version=0)
+
+
+def trainer_logp(model, batch, replay):
+    """The trainer's behaviour-pass log-probs [B, T] of the batch under a replay mode."""
+    learner = learner_for(model, replay)
+    logp, _, _ = learner.behavior_pass(learner.routing_copy(batch))
+    return logp
 
 
 def own_routing(model, batch):
@@ -103,21 +122,24 @@ def test_bf16_engine_routes_differently_and_the_old_option_breaks_w_equals_one(t
     flipped = (engine != trainer).any(-1).any(-1) & real_positions(batch)[:, :-1]  # [B, P+T-1]
     assert flipped.sum() > 0  # bf16 vs fp32 flips some routing choices
     # the previous rollout.router_replay=true: μ recomputed without replay, training replays the engine
-    engine_routing, learner = batch.routed_experts, learner_for(moe)
-    batch.old_logp, _ = learner.behavior_logp(batch, "none")  # clears batch.routed_experts
-    batch.routed_experts = engine_routing
-    lo, hi = log_w_range(learner.update(batch))
+    learner = learner_for(moe, "none")
+    learner.prepare([item(batch)])
+    staged = learner.staged[0]
+    learner.staged[0] = replace(staged, batch=replace(staged.batch, routed_experts=batch.routed_experts))
+    lo, hi = log_w_range(learner.update(item(batch)))
     assert lo < 0.0 or hi > 0.0  # some sequence has log W != 0 before any update
 
 
-@pytest.mark.parametrize("replay", ["r2", "r3"])
-def test_log_w_is_exactly_zero_for_every_sequence_at_n_equals_1(tok, moe, replay):
+def test_r3_log_w_is_exactly_zero_for_every_sequence_at_lag_0(tok, moe):
+    """μ recomputed in its own pass (eval mode, no grad) and the training forward both replay the engine's
+    routing, which differs from the trainer's own (previous test): W == 1 exactly for every sequence.
+    (R2 at lag 0 replays what the trainer would choose anyway; its test is at lag >= 1, below.)"""
     batch = batch_of(sample(moe, tok))
-    learner = learner_for(moe)
-    batch.old_logp, _ = learner.behavior_logp(batch, replay)  # μ recomputed
+    learner = learner_for(moe, "r3")
+    learner.prepare([item(batch)])
+    assert learner.staged[0].batch.routed_experts is batch.routed_experts
     assert batch.routed_experts.shape == (32, batch.prompt_ids.shape[1] + batch.response_ids.shape[1], 2, 2)
-    lo, hi = log_w_range(learner.update(batch))
-    # min and max of the per-sequence log W (mean-reduced over micro-batches: each min <= 0 <= max)
+    lo, hi = log_w_range(learner.update(item(batch)))
     assert lo == 0.0 and hi == 0.0
 
 
@@ -127,14 +149,14 @@ def test_log_w_is_exactly_zero_for_every_sequence_at_n_equals_1(tok, moe, replay
 def test_r3_recompute_and_training_forward_route_with_the_engines_choices(tok, moe):
     batch = batch_of(sample(moe, tok))
     recorded = batch.routed_experts.clone()
-    learner = learner_for(moe, micro_batch_size=0)  # one micro-batch: one forward per pass
+    learner = learner_for(moe, "r3", micro_batch_size=0)  # one micro-batch: one forward per pass
     probe = RoutingProbe(learner.model)
     try:
-        logp, _ = learner.behavior_logp(batch, "r3")
+        learner.prepare([item(batch)])
+        logp = learner.staged[0].batch.old_logp
         recompute_used = probe.used[:]
-        batch.old_logp = logp
         probe.live.clear(), probe.used.clear()
-        learner.update(batch)
+        learner.update(item(batch))
         train_live, train_used = probe.live[:], probe.used[:]
     finally:
         probe.remove()
@@ -158,7 +180,7 @@ def test_r3_recompute_and_training_forward_route_with_the_engines_choices(tok, m
 def test_r3_with_engine_mu_leaves_only_the_precision_difference(tok, moe):
     # float32 engine: same precision, replayed routing -> log W is 0 to float tolerance
     fp32 = batch_of(sample(moe, tok, dtype="float32"))
-    logp32, _ = learner_for(moe).behavior_logp(fp32, "r3")
+    logp32 = trainer_logp(moe, fp32, "r3")
     valid32 = fp32.response_mask > 0
     assert (logp32 - fp32.rollout_logp)[valid32].abs().max() < 1e-5
     # bfloat16 engine: routing is identical (previous test), so the token log-ratio is the
@@ -166,7 +188,7 @@ def test_r3_with_engine_mu_leaves_only_the_precision_difference(tok, moe):
     # own cached-vs-full-sequence rounding
     bf16 = batch_of(sample(moe, tok))
     valid = bf16.response_mask > 0
-    logp, _ = learner_for(moe).behavior_logp(bf16, "r3")  # = every training forward at lag 0
+    logp = trainer_logp(moe, bf16, "r3")  # = every training forward at lag 0
     log_ratio = (logp - bf16.rollout_logp)[valid]  # token log W with μ = engine log-probs
     with torch.no_grad():
         logp_bf16, _ = response_logprobs(copy.deepcopy(moe).to(torch.bfloat16), bf16.prompt_ids, bf16.prompt_mask,
@@ -176,17 +198,17 @@ def test_r3_with_engine_mu_leaves_only_the_precision_difference(tok, moe):
     assert (log_ratio - precision).abs().max() < 1e-2
     assert log_ratio.abs().max() < 2e-2
     # without replay, routing flips come on top of the rounding
-    free, _ = learner_for(moe).behavior_logp(bf16, "none")
+    free = trainer_logp(moe, bf16, "none")
     assert (free - bf16.rollout_logp)[valid].abs().max() > log_ratio.abs().max()
 
 
 def test_r3_needs_the_engines_routing(tok, moe):
-    batch = batch_of(sample(moe, tok, prompts=PROMPTS[:4], max_new_tokens=4))
-    batch.routed_experts = None
-    with pytest.raises(ValueError, match="record_routing=True"):
-        learner_for(moe).behavior_logp(batch, "r3")
+    batch = replace(batch_of(sample(moe, tok, prompts=PROMPTS[:4], max_new_tokens=4)), routed_experts=None)
+    for share in (False, True):  # a separate μ pass, or the update's own forward: checked before either
+        with pytest.raises(ValueError, match="record_routing=True"):
+            learner_for(moe, "r3", share=share).prepare([item(batch)])
     with pytest.raises(ValueError, match="none, r2, r3"):
-        learner_for(moe).behavior_logp(batch, "R2")
+        learner_for(moe, "R2")
 
 
 # ---------------------------------------------------------------- R2
@@ -194,20 +216,21 @@ def test_r3_needs_the_engines_routing(tok, moe):
 
 def test_r2_training_forward_keeps_the_recompute_routing_after_updates(tok, moe):
     batch = batch_of(sample(moe, tok))
-    mb0, mb1 = batch.select(torch.arange(0, 16)), batch.select(torch.arange(16, 32))
-    learner = learner_for(moe, lr=1e-3, micro_batch_size=0)
-    for mb in (mb0, mb1):  # μ of both at version 0, as the trainer does before the first update
-        mb.old_logp, _ = learner.behavior_logp(mb, "r2")
-    assert torch.equal(mb1.routed_experts, own_routing(moe, mb1))  # the version-0 trainer's own choices
+    mb0, mb1 = item(batch.select(torch.arange(0, 16)), 0), item(batch.select(torch.arange(16, 32)), 1)
+    learner = learner_for(moe, "r2", lr=1e-3, micro_batch_size=0, share=None)
+    assert not learner.can_share  # R2 records in a behaviour pass of its own, even at lag 0
+    learner.prepare([mb0, mb1])  # μ of both at version 0, as the trainer does before the first update
+    recorded = learner.staged[1].batch.routed_experts
+    assert torch.equal(recorded, own_routing(moe, mb1.batch))  # the version-0 trainer's own choices
     learner.update(mb0)
     probe = RoutingProbe(learner.model)
     try:
         learner.update(mb1)  # lag 1
     finally:
         probe.remove()
-    real = real_positions(mb1).reshape(-1)  # [N]
+    real = real_positions(mb1.batch).reshape(-1)  # [N]
     n_flipped = 0
-    for layer, rec in enumerate(as_rows(mb1.routed_experts)):
+    for layer, rec in enumerate(as_rows(recorded)):
         assert torch.equal(probe.used[layer], rec)  # every position replays the recompute's choice
         n_flipped += int(((probe.live[layer] != rec).any(-1) & real).sum())
     assert n_flipped > 0  # where the updated router would now choose other experts
@@ -219,8 +242,10 @@ def test_replay_is_a_no_op_on_a_dense_model(tok):
     assert batch.routed_experts is None
     results = {}
     for replay in ("none", "r2", "r3"):
-        results[replay], _ = learner_for(dense).behavior_logp(batch, replay)
-        assert batch.routed_experts is None
+        learner = learner_for(dense, replay)
+        learner.prepare([item(batch)])
+        assert learner.staged[0].batch.routed_experts is None
+        results[replay] = learner.staged[0].batch.old_logp
     assert torch.equal(results["none"], results["r2"]) and torch.equal(results["none"], results["r3"])
 
 
@@ -250,17 +275,21 @@ def test_select_and_concat_keep_each_tokens_routing(tok, moe):
 # ---------------------------------------------------------------- end to end
 
 
-def test_sync_run_with_r3_keeps_w_exactly_one_at_n_equals_1(make_cfg):
+def test_sync_runs_replay_the_engines_routing_only_with_r3(make_cfg):
+    """Two real runs (N = 2, bfloat16 engine) that sample the same responses: with r3 the trainer's behaviour
+    passes replay the engine's routing, so its log-probs of those responses differ from the free-routing run's
+    (a silent no-op of r3 would log bit-identical trainer numbers)."""
     from vespo.trainer import train
 
-    cfg = make_cfg("model.arch=qwen3_moe", "rollout.engine_dtype=bfloat16", "rollout.router_replay=r3",
-                   "staleness.n=1", "staleness.behavior=recompute", "run.steps=2", "optim.micro_batch_size=8")
-    train(cfg)
-    rows = [r for r in read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl") if "is/log_w_max" in r]
-    assert len(rows) == 2
-    for row in rows:
-        assert row["is/log_w_min"] == 0.0 and row["is/log_w_max"] == 0.0
-        assert row["mismatch/max_abs_diff"] > 0.0  # the bf16 engine really differs
+    rows = {}
+    for replay in ("none", "r3"):
+        cfg = make_cfg("model.arch=qwen3_moe", "rollout.engine_dtype=bfloat16", f"rollout.router_replay={replay}",
+                       "staleness.n=2", "run.steps=1", "optim.micro_batch_size=8", out=replay)
+        train(cfg)
+        [rows[replay]] = [r for r in read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl") if "mismatch/k1" in r]
+    assert rows["r3"]["mismatch/log_ppl_rollout"] == rows["none"]["mismatch/log_ppl_rollout"]  # the same samples
+    assert rows["r3"]["mismatch/log_ppl_train"] != rows["none"]["mismatch/log_ppl_train"]  # replay changed the pass
+    assert rows["r3"]["mismatch/abs_diff_max"] > 0.0
 
 
 def test_config_names_the_replay_choices():

@@ -4,7 +4,7 @@ no accuracy (no NaN in its cache file or its message); with one it reports the a
 import json
 import math
 
-from vespo.trainer.run import build_data, build_policy
+from vespo.trainer.run import build_data, build_policy, build_sampling
 from vespo.trainer.warmstart import warm_start, warmstart_cache_path
 
 
@@ -12,7 +12,7 @@ def _warm(cfg):
     model, tokenizer = build_policy(cfg)
     task, _, _ = build_data(cfg)
     lines = []
-    stats = warm_start(model, tokenizer, task, cfg, log=lines.append)
+    stats = warm_start(model, tokenizer, task, cfg, build_sampling(cfg, task), log=lines.append)
     return stats, lines[-1]
 
 

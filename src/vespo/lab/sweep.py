@@ -144,8 +144,8 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
 
 def protocol_of(cfg) -> Protocol:
     """The resolved config's staleness protocol (rollout batch and run length already derived)."""
-    return Protocol(cfg.staleness.n, cfg.prompts_per_minibatch, cfg.rollout.group_size, cfg.rollout.prompts_per_step,
-                    cfg.run.steps, cfg.run.mode)
+    return Protocol(cfg.staleness.n, cfg.prompts_per_minibatch, cfg.rollout.group_size, cfg.prompts_per_step,
+                    cfg.steps, cfg.run.mode)
 
 
 def write_record(sweep: Sweep, out: Path) -> None:

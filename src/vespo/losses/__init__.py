@@ -5,17 +5,20 @@
     cfg = spec.config_cls(k_pos=2.0)               # the loss's options, incl. agg and rollout_correction
     out = spec.fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)
     out.loss                                       # [] scalar with grad
-    out.metrics                                    # {"is/ess": tensor(...), "kl/k1": ..., ...}, detached
+    out.rows                                       # per-row statistics [B]: concatenate over micro-batches
+    out.metrics                                    # {"is/ess": tensor(...), "kl/k1": ...} = summarize(out.rows)
 
-Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss;
-shared pieces: aggregation.py, rollout_correction.py, diagnostics.py, kernel.py (VESPO's phi),
-_checks.py (input checks). vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md).
+Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss, each
+plain autograd code that reads like its paper; shared pieces: inputs.py (checks), aggregation.py,
+rollout_correction.py, diagnostics.py (rows and metrics), kernel.py (VESPO's phi).
+vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md).
 """
 
 from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (they register)
 from vespo.losses.aggregation import AGG_MODES, aggregate
-from vespo.losses.base import LossConfig, sequence_log_weight
+from vespo.losses.base import BaseLossConfig, LossOutput, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss
+from vespo.losses.diagnostics import Rows, concat_rows, summarize
 from vespo.losses.grpo import GrpoConfig, grpo_loss
 from vespo.losses.gspo import GspoConfig, gspo_loss
 from vespo.losses.registry import LossSpec, get_loss, loss_names
@@ -27,19 +30,22 @@ from vespo.losses.vespo_adaptive import VespoAdaptiveConfig, vespo_adaptive_loss
 
 __all__ = [
     "AGG_MODES",
+    "BaseLossConfig",
     "ROLLOUT_CORRECTION_MODES",
     "CispoConfig",
     "GrpoConfig",
     "GspoConfig",
-    "LossConfig",
+    "LossOutput",
     "LossSpec",
     "ReinforceConfig",
+    "Rows",
     "RolloutCorrection",
     "SapoConfig",
     "VespoAdaptiveConfig",
     "VespoConfig",
     "aggregate",
     "cispo_loss",
+    "concat_rows",
     "gamma_phi",
     "get_loss",
     "grpo_loss",
@@ -48,6 +54,7 @@ __all__ = [
     "reinforce_loss",
     "sapo_loss",
     "sequence_log_weight",
+    "summarize",
     "vespo_adaptive_loss",
     "vespo_loss",
 ]

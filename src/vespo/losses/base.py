@@ -1,11 +1,12 @@
-"""What every loss shares: the config base (agg, rollout correction), field checks, log W, the final step.
+"""What every loss shares: its output type, the config base (aggregation, rollout correction), field
+checks, the sequence log-weight, and the last step of every loss (:func:`finish`).
 
-Each loss computes its per-token loss and its gradient coefficient without autograd, from the
-detached inputs of :func:`prepare_inputs`: every loss here has a gradient of the form
-coef_it * grad logp_it (ratios, weights and kernels are functions of logp, but their derivatives
-are known in closed form). :func:`finish` aggregates the value exactly as before and attaches
-the gradient coef * d(agg)/d(loss_it) to the caller's logp with one small autograd function, so
-the backward pass is a single multiply instead of a replay of the whole forward graph.
+A loss is plain autograd code: from the inputs of :func:`vespo.losses.inputs.prepare_inputs` it builds
+the per-token loss l_it [B, T] as its paper writes it (gradient through logp only), and hands it to
+:func:`finish`, which aggregates it (``cfg.agg``, :mod:`vespo.losses.aggregation`) and adds the rows
+every loss reports (:mod:`vespo.losses.diagnostics`). Each loss also states its *gradient weight*
+w_it, the factor on REINFORCE's -A_it grad log pi_it in its gradient (VESPO: phi(W_i)); the
+per-row average of w is ``LossOutput.seq_weight`` (tests hold it equal to autograd's gradient).
 """
 
 from __future__ import annotations
@@ -16,15 +17,29 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import LossInputs
-from vespo.losses.aggregation import agg_grad_scale, check_agg_mode, reduce_masked, reduce_rows
-from vespo.losses.diagnostics import base_metrics
+from vespo.losses.aggregation import check_agg_mode, token_weights
+from vespo.losses.diagnostics import Rows, base_rows, summarize
+from vespo.losses.inputs import LossInputs
 from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
-from vespo.types import LossOutput
 
 
 @dataclass
-class LossConfig:
+class LossOutput:
+    """What every policy loss returns."""
+
+    loss: Tensor  # [] scalar, carries the gradient
+    rows: Rows  # name -> [B] float64 per-row statistics, detached (vespo.losses.diagnostics)
+    seq_weight: Tensor | None = None  # [B] detached: each row's gradient weight relative to REINFORCE
+    #                                    (-A * grad log pi), averaged over its tokens (VESPO: phi(W)); NaN where A = 0
+
+    @property
+    def metrics(self) -> dict[str, Tensor]:
+        """This call's diagnostics (0-dim tensors); for a batch split into calls, summarize the concatenated rows."""
+        return summarize(self.rows)
+
+
+@dataclass
+class BaseLossConfig:
     """Options common to all losses. Subclasses set their own `agg` default."""
 
     agg: str = "token-mean"
@@ -82,95 +97,31 @@ def sequence_log_weight(logp: Tensor, old_logp: Tensor, mask: Tensor, token_clam
 
 def finish(
     loss_mat: Tensor,
-    coef: Tensor,
-    inp: LossInputs,
-    cfg: LossConfig,
+    grad_weight: Tensor,
+    x: LossInputs,
+    cfg: BaseLossConfig,
     normalizer: float | Tensor | None,
-    extra_metrics: dict[str, Tensor],
-    loss_masked: bool = False,
+    rows: Rows | None = None,
 ) -> LossOutput:
-    """Aggregate the per-token loss by ``cfg.agg``, attach its gradient to logp, add the shared metrics.
+    """Aggregate the per-token loss ``loss_mat [B, T]`` by ``cfg.agg`` and add the shared rows.
 
-    ``loss_mat`` is the detached per-token loss: [B, T], finite, masked here in place unless
-    ``loss_masked`` says it is 0 on padding already; or [B, 1], the same value on every valid token
-    of a row. ``coef`` is d loss_it / d logp_it: [B, T] and 0 on padding, or [B, 1] (masked in the
-    backward pass).
+    ``grad_weight`` ([B, T] or [B, 1], detached) is the loss's gradient weight w_it (module docstring).
     """
-    with torch.no_grad():
-        scratch = None
-        if loss_mat.shape[-1] == 1 and inp.mask.shape[-1] != 1:
-            value = reduce_rows(loss_mat[:, 0] * inp.tokens, inp.tokens, cfg.agg, normalizer)
-        else:
-            masked = loss_mat if loss_masked else loss_mat.mul_(inp.mask_f)  # [B, T]
-            value = reduce_masked(masked, inp.tokens, cfg.agg, normalizer)
-            scratch = loss_mat if loss_mat.shape == inp.mask.shape else None  # no longer needed: reuse it
-        scale = agg_grad_scale(inp.tokens, cfg.agg, normalizer)  # [] or [B, 1]
-        metrics = base_metrics(value, inp.row_log_ratio, inp.seq_valid, inp.clamped_log_ratio,
-                               inp.tokens, inp.rollout_d, scratch)
-        seq_weight = sequence_weight(coef, inp)  # [B]
-    loss = _CoefficientGradient.apply(inp.logp_in, value, coef, scale, inp.mask_f)
-    return LossOutput(loss=loss, metrics={**metrics, **extra_metrics}, seq_weight=seq_weight)
+    share = loss_mat * token_weights(x.mask_f, cfg.agg, normalizer)  # [B, T] each token's share of the loss
+    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **(rows or {})}
+    return LossOutput(loss=share.sum(), rows=all_rows, seq_weight=sequence_weight(grad_weight, x))
 
 
-def sequence_weight(coef: Tensor, inp: LossInputs) -> Tensor:
-    """Each row's weight on its gradient relative to plain REINFORCE, whose coefficient is -A:
-    sum_t coef_it / sum_t (-A_it) over the row's valid tokens.  # [B]
-
-    VESPO gives phi(W_i), clipped losses the mean kept ratio; NaN where the row's advantage is 0 or
-    it has no valid token (no gradient to weigh).
-    """
-    num = coef[:, 0] * inp.tokens if coef.shape[-1] == 1 else (coef * inp.mask_f).sum(dim=-1)  # [B]
-    den = -inp.adv[:, 0] * inp.tokens if inp.adv.shape[-1] == 1 else -(inp.adv * inp.mask_f).sum(dim=-1)  # [B]
-    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), torch.full_like(num, math.nan))
+@torch.no_grad()
+def sequence_weight(grad_weight: Tensor, x: LossInputs) -> Tensor:
+    """Each row's gradient weight relative to REINFORCE: sum_t w_it (-A_it) / sum_t (-A_it) over its valid
+    tokens (the mean of w for a sequence advantage); NaN where the row's advantage sums to 0.  # [B]"""
+    minus_adv = (-x.adv * x.mask_f).double()  # [B, T]
+    num = (grad_weight.double() * minus_adv).sum(dim=-1)
+    den = minus_adv.sum(dim=-1)
+    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan).to(x.logp.dtype)
 
 
-class _CoefficientGradient(torch.autograd.Function):
-    """Returns ``value``; its gradient w.r.t. ``logp [B, T]`` is coef * scale (times mask_f if coef is [B, 1])."""
-
-    @staticmethod
-    def forward(ctx, logp: Tensor, value: Tensor, coef: Tensor, scale: Tensor, mask_f: Tensor) -> Tensor:
-        ctx.coef, ctx.scale, ctx.mask_f = coef, scale, mask_f
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        grad = ctx.coef * (ctx.scale * grad_out)  # [B, T] or [B, 1]
-        if ctx.coef.shape[-1] == 1:
-            grad = grad * ctx.mask_f  # [B, T]
-        return grad, None, None, None, None
-
-
-def rollout_corrected(loss_mat: Tensor, coef: Tensor, inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, Tensor]:
-    """Multiply the per-token loss and its coefficient by the detached rollout-correction weight.
-
-    Identity for mode none. A [B, 1] coefficient times a [B, T] weight is masked here.
-    """
-    weight = correction_weight(inp.rollout_d, cfg.rollout_correction)  # None, [B, T] or [B, 1]
-    if weight is None:
-        return loss_mat, coef
-    if coef.shape[-1] == 1 and weight.shape[-1] != 1:
-        return loss_mat * weight, coef * weight * inp.mask_f  # [B, T], 0 on padding
-    return loss_mat * weight, coef * weight
-
-
-def token_ratio(lr_c: Tensor) -> Tensor:
-    """r = exp(clamp(logp - old_logp, -20, 20)) from the clamped log-ratio ``lr_c``, detached.  # [B, T]"""
-    return torch.exp(lr_c)
-
-
-def clamp_pass(inp: LossInputs, lr_c: Tensor) -> Tensor | None:
-    """1.0 where the +-20 token clamp lets the gradient through, 0.0 where it binds; None if it binds nowhere."""
-    if not inp.clamp_binds:
-        return None
-    return indicator(torch.eq, lr_c, inp.log_ratio)  # [B, T]
-
-
-def indicator(compare, a: Tensor, b: Tensor | float, out: Tensor | None = None) -> Tensor:
-    """compare(a, b) as 0.0 / 1.0 in a's dtype, written to ``out`` if given (else a new tensor).
-
-    A float mask multiplies much faster than a bool one on CPU; reusing ``out`` saves an allocation.
-    """
-    if out is None:
-        shape = a.shape if not isinstance(b, Tensor) else torch.broadcast_shapes(a.shape, b.shape)
-        out = torch.empty(shape, dtype=a.dtype, device=a.device)
-    return compare(a, b, out=out)
+def rollout_weight(x: LossInputs, cfg: BaseLossConfig) -> Tensor | None:
+    """The detached rollout-correction weight of pi_old / pi_rollout ([B, T] or [B, 1]); None for mode none."""
+    return correction_weight(x.rollout_d, cfg.rollout_correction)

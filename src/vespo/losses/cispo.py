@@ -17,15 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, check_range, finish, indicator, rollout_corrected, token_ratio
-from vespo.losses.diagnostics import clip_metrics
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.diagnostics import token_counts
+from vespo.losses.inputs import prepare_inputs
 from vespo.losses.registry import LossSpec, register
-from vespo.types import LossOutput
 
 
 @dataclass
-class CispoConfig(LossConfig):
+class CispoConfig(BaseLossConfig):
     """Clipped importance-sampling weights on a REINFORCE loss (upper bound 1 + eps_high = 5 by default)."""
 
     agg: str = "token-mean"
@@ -43,33 +42,27 @@ class CispoConfig(LossConfig):
 
 
 def cispo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
     cfg: CispoConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T]
 ) -> LossOutput:
     """-sg[clip(r)] * A * logp per token, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T], 1 on padding
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     low = None if cfg.eps_low is None else 1.0 - cfg.eps_low
     high = 1.0 + cfg.eps_high
-    buffer = torch.empty_like(ratio)  # [B, T] the clip flags, then the loss
-    metrics = _clip_fractions(ratio, low, high, inp.tokens, buffer)
-    coef = ratio.clamp_(min=low, max=high).mul_(-inp.adv).mul_(inp.mask_f)  # [B, T] -clip(r) A, 0 on padding
-    loss_mat, coef = rollout_corrected(torch.mul(coef, inp.logp, out=buffer), coef, inp, cfg)  # [B, T]
-    return finish(loss_mat, coef, inp, cfg, normalizer, metrics, loss_masked=True)
-
-
-def _clip_fractions(ratio: Tensor, low: float | None, high: float, tokens: Tensor, out: Tensor) -> dict[str, Tensor]:
-    """Valid tokens whose weight was cut at the lower / upper bound (padding has r = 1, inside both)."""
-    n_low = torch.zeros((), dtype=torch.int64, device=ratio.device)
-    if low is not None:
-        n_low = indicator(torch.lt, ratio, low, out).sum(dim=-1).to(torch.int64).sum()
-    n_high = indicator(torch.gt, ratio, high, out).sum(dim=-1).to(torch.int64).sum()
-    return clip_metrics(n_low, n_high, tokens)
+    ratio = x.clamped_log_ratio.detach().exp()  # [B, T]
+    weight = ratio.clamp(min=low, max=high)  # [B, T] sg[clip(r)]
+    loss_mat = -weight * x.adv * x.logp
+    rows = {"clip_high": token_counts(ratio > high, x.mask_f),
+            "clip_low": token_counts(ratio < low if low is not None else torch.zeros_like(x.mask), x.mask_f)}
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None:
+        loss_mat, weight = loss_mat * correction, weight * correction
+    return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 
 register(LossSpec("cispo", cispo_loss, CispoConfig))

@@ -1,32 +1,35 @@
-"""Diagnostics every loss returns: detached 0-dim tensors, namespaced, reduced by the caller.
+"""Diagnostics that survive splitting: every loss returns per-row statistics, and metrics are formed
+from the rows of the whole batch.
 
-    is/log_w_min|p50|p90|max   sequence log-weight log W = sum_t m (logp - old_logp), unclamped
-    is/w_mean                  mean of W, with W clamped to [1e-8, e^20] (VESPO's official range)
-    is/ess                     (sum W)^2 / (n sum W^2), exact in log space, in (0, 1]
-    is/n_seq                   number of sequences with at least one valid token (n)
-    kl/k1, kl/k3               d = old_logp - logp per valid token (clamped to +-20): mean(d), mean(e^d - 1 - d)
-    rollout/k1, rollout/k3     the same with d = rollout_logp - old_logp (engine vs trainer)
-    loss/clip_frac_low|high    fraction of valid tokens where the lower / upper clip binds
+A loss call returns ``rows``: a dict of detached float64 tensors, each [B] (one entry per sequence).
+Rows of several calls (micro-batches, data-parallel ranks) concatenate, and :func:`summarize`
+turns the rows of the whole mini-batch into its metrics, so a logged ratio, ESS or quantile is the
+batch's value whatever the micro-batching or the number of ranks (up to float rounding):
+
+    rows = concat_rows([out.rows for out in micro_batch_outputs])   # or gathered over ranks
+    metrics = summarize(rows)                                        # {"is/ess": tensor(...), ...}
+
+The rows every loss reports (``base_rows``) and the metrics made of them:
+
+    tokens, loss          loss/pg_loss = sum of each row's share of the aggregated loss
+    log_w                 is/log_w_min|p50|p90|max (exact quantiles, linear interpolation),
+                          is/w_mean (W clamped to [1e-8, e^20]), is/ess = (sum W)^2 / (n sum W^2),
+                          is/n_seq = n, over the rows with a valid token; log W unclamped
+    kl_k1, kl_k3          kl/k1, kl/k3: token means of d and e^d - 1 - d, d = old_logp - logp (clamped +-20)
+    rollout_k1, _k3       rollout/k1, rollout/k3: the same with d = rollout_logp - old_logp (when given)
+
+Every ``TOKEN_FRACTIONS`` row (a per-row count of tokens) becomes that count over all valid tokens
+(loss/clip_frac_low|high, loss/dual_clip_frac, ...). VESPO's kernel adds its rows (``kernel_rows``):
+
     vespo/phi_{pos,neg}_{mean,min,max}, vespo/n_pos, vespo/n_neg, vespo/phi_small_frac
+    vespo/log_w_min|p50|p90|max, vespo/w_ess      the log W the kernel used (after the token clamp,
+                                                  rollout correction, length normalization, final clamp)
+    vespo/eq_w_{pos,neg}     self-normalized E_Q[W] = sum_s phi_s W_s / sum_s phi_s over the sequences of a sign
+    vespo/phi_{pos,neg}_sum  sum_s phi_s;   vespo/phi_{pos,neg}_ess = (sum_s phi_s)^2 / (n sum_s phi_s^2)
 
-VESPO's kernel (vespo and vespo_adaptive) also reports the weight it actually used, after the
-token clamp, rollout correction, length normalization and the final clamp to [log 1e-8, 20]
-(``is/*`` stays the raw log W), and the terms of the paper's variance bound per sign of A, over
-the sequences s of that sign with that sign's kernel phi:
-
-    vespo/log_w_min|p50|p90|max   the log W the kernel used
-    vespo/w_ess                   ESS of that W
-    vespo/eq_w_{pos,neg}          self-normalized E_Q[W] = sum_s phi_s W_s / sum_s phi_s
-    vespo/phi_{pos,neg}_sum       sum_s phi_s (the normalizer of Q on the batch)
-    vespo/phi_{pos,neg}_ess       (sum_s phi_s)^2 / (n sum_s phi_s^2), the ESS of the coefficients
-
-Names follow the reduction over micro-batches, mini-batches and processes that
-:func:`metric_reduction` states: *_max by max, *_min by min, *_sum by sum, n_* by sum, all else by mean.
-
-Empty selections (no valid sequence, no A<0 sequence, ...) report 0 for every statistic and
-the count key (n_seq, n_pos, n_neg) says how many entries the statistic was taken over, so no
-metric is ever NaN. Quantiles use linear interpolation, as torch.quantile does. Everything is
-computed without host syncs.
+Empty selections (no valid sequence, no A < 0 sequence, ...) report 0 and the count key (n_seq,
+n_pos, n_neg) says how many entries a statistic was taken over, so no metric is NaN.
+Across the updates of a rollout step, metrics combine by their names (:func:`metric_reduction`).
 """
 
 from __future__ import annotations
@@ -36,87 +39,164 @@ import math
 import torch
 from torch import Tensor
 
-from vespo.losses.kernel import sign_log_phi
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
 
-KL_D_CLAMP = 20.0  # |d| is clamped to 20 (in k1 and k3) so that huge log-ratios keep k3 finite
+Rows = dict[str, Tensor]  # name -> [B] float64, detached; one entry per sequence
+
+KL_D_CLAMP = 20.0  # |d| is clamped to 20 in k1 and k3 so that huge log-ratios keep k3 finite
 PHI_SMALL = 1e-3  # phi below this counts towards vespo/phi_small_frac
+SIGN_NAMES = ("pos", "neg")  # A >= 0, A < 0
+# row name -> metric: a per-row count of tokens, reported as a fraction of all valid tokens
+TOKEN_FRACTIONS = {
+    "clip_low": "loss/clip_frac_low",
+    "clip_high": "loss/clip_frac_high",
+    "dual_clip": "loss/dual_clip_frac",
+}
+# row name -> metric: a per-row sum over tokens, reported as a mean over all valid tokens
+TOKEN_MEANS = {"kl_k1": "kl/k1", "kl_k3": "kl/k3", "rollout_k1": "rollout/k1", "rollout_k3": "rollout/k3"}
 
 
-def metric_reduction(name: str) -> str:
-    """How a metric combines across micro-batches, mini-batches and processes: max | min | sum | mean.
+# ---------------------------------------------------------------- rows (per loss call)
 
-    By its name: ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` -> sum, a last path segment
-    starting with ``n_`` (a count, e.g. ``is/n_seq``) -> sum, anything else -> mean.
+
+@torch.no_grad()
+def base_rows(log_ratio: Tensor, mask_f: Tensor, loss_share: Tensor, rollout_d: Tensor | None) -> Rows:
+    """The rows every loss reports, from ``log_ratio [B, T]`` (0 on padding), ``mask_f [B, T]``, each token's
+    share of the aggregated loss ``loss_share [B, T]`` and ``rollout_d [B, T]`` (or None)."""
+    d = (-log_ratio.detach()).clamp(-KL_D_CLAMP, KL_D_CLAMP).double()  # [B, T], 0 on padding
+    rows = {"tokens": mask_f.double().sum(dim=-1), "loss": loss_share.detach().double().sum(dim=-1),
+            "log_w": log_ratio.detach().double().sum(dim=-1), **_kl_rows(d, "kl")}
+    if rollout_d is not None:
+        rows.update(_kl_rows(rollout_d.detach().double().clamp(-KL_D_CLAMP, KL_D_CLAMP), "rollout"))
+    return rows
+
+
+def _kl_rows(d: Tensor, prefix: str) -> Rows:
+    """Per-row sums of d and e^d - 1 - d for d [B, T] (0 on padding, where both terms are 0)."""
+    return {f"{prefix}_k1": d.sum(dim=-1), f"{prefix}_k3": (torch.expm1(d) - d).sum(dim=-1)}
+
+
+@torch.no_grad()
+def token_counts(flags: Tensor, mask_f: Tensor) -> Tensor:
+    """Per-row number of valid tokens where the bool ``flags`` ([B, T] or [B, 1]) hold.  # [B] float64"""
+    return (flags.to(mask_f.dtype) * mask_f).double().sum(dim=-1)
+
+
+@torch.no_grad()
+def kernel_rows(phi: Tensor, adv: Tensor, mask: Tensor, kernel_log_w: Tensor, k: Tensor, lam: Tensor) -> Rows:
+    """VESPO's rows: phi split by the sign of A, the log W the kernel used, and its shape per row.
+
+    ``phi`` and ``adv`` are [B, 1] (sequence advantages: one entry per row) or [B, T] (token
+    advantages: one entry per valid token); ``kernel_log_w [B, 1]``; ``k, lam`` [B, 2] or [2] (pos, neg).
     """
-    if name.endswith("_max"):
-        return "max"
-    if name.endswith("_min"):
-        return "min"
-    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
-        return "sum"
-    return "mean"
+    B = phi.shape[0]
+    valid = mask.any(dim=-1, keepdim=True) if phi.shape[-1] == 1 and mask.shape[-1] != 1 else mask  # like phi
+    phi64, rows = phi.double(), {}
+    for sign, picked in zip(SIGN_NAMES, (valid & (adv >= 0), valid & (adv < 0))):
+        rows[f"phi_{sign}_n"] = picked.double().sum(dim=-1)
+        rows[f"phi_{sign}_sum"] = torch.where(picked, phi64, 0.0).sum(dim=-1)
+        rows[f"phi_{sign}_min"] = _row_extreme(torch.where(picked, phi64, math.inf), torch.amin, math.inf)
+        rows[f"phi_{sign}_max"] = _row_extreme(torch.where(picked, phi64, -math.inf), torch.amax, -math.inf)
+    rows["phi_small_n"] = (valid & (phi < PHI_SMALL)).double().sum(dim=-1)
+    rows["in_pos"] = (valid & (adv >= 0)).any(dim=-1).double()  # rows in each sign's group (a row may be in both
+    rows["in_neg"] = (valid & (adv < 0)).any(dim=-1).double()  # with token advantages of both signs)
+    rows["kernel_log_w"] = kernel_log_w[:, 0].double()
+    shape_k, shape_lam = k.double().expand(B, 2), lam.double().expand(B, 2)  # [B, 2]
+    for col, sign in enumerate(SIGN_NAMES):
+        rows[f"kernel_k_{sign}"] = shape_k[:, col].clone()
+        rows[f"kernel_lambda_{sign}"] = shape_lam[:, col].clone()
+    return rows
+
+
+def _row_extreme(x: Tensor, op, empty: float) -> Tensor:
+    """op (amin or amax) of each row of ``x [B, T]``; ``empty`` for a row of no entries.  # [B]"""
+    return op(x, dim=-1) if x.shape[-1] else x.new_full(x.shape[:1], empty)
+
+
+def concat_rows(parts: list[Rows]) -> Rows:
+    """The rows of several calls (micro-batches, ranks) as one batch's; keys missing from a part are an error."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    keys = list(parts[0])
+    for p in parts[1:]:
+        if set(p) != set(keys):
+            raise ValueError(f"rows to concatenate have different keys: {sorted(keys)} vs {sorted(p)}")
+    return {k: torch.cat([p[k].reshape(-1) for p in parts]) for k in keys}
+
+
+# ---------------------------------------------------------------- metrics (per batch)
 
 
 @torch.no_grad()
-def masked_quantile(x: Tensor, valid: Tensor, q: float) -> Tensor:
-    """The q-quantile of x[valid] (linear interpolation); 0 when nothing is valid."""
-    return masked_quantiles(x, valid, (q,))[0]
+def summarize(rows: Rows) -> dict[str, Tensor]:
+    """The metrics of a batch from its rows (module docstring): detached 0-dim float64 tensors."""
+    if not rows:
+        return {}
+    valid = rows["tokens"] > 0  # [B]
+    tokens = rows["tokens"].sum().clamp(min=1.0)
+    out = {"loss/pg_loss": rows["loss"].sum(), **weight_stats(rows["log_w"], valid, "is")}
+    out["is/w_mean"] = _mean(rows["log_w"].clamp(LOG_W_MIN, LOG_W_MAX).exp(), valid)
+    out["is/n_seq"] = valid.sum().double()
+    for key, name in {**TOKEN_MEANS, **TOKEN_FRACTIONS}.items():
+        if key in rows:
+            out[name] = rows[key].sum() / tokens
+    if "kernel_log_w" in rows:
+        out.update(_kernel_metrics(rows, valid))
+    for key, value in rows.items():
+        if key.startswith("adaptive/"):
+            out.update(_adaptive_metric(key.removeprefix("adaptive/"), value, rows))
+    return out
 
 
-@torch.no_grad()
-def masked_quantiles(x: Tensor, valid: Tensor, qs: tuple[float, ...]) -> list[Tensor]:
-    """The qs-quantiles of x[valid] (linear interpolation) from one sort; 0 when nothing is valid."""
-    if x.numel() == 0:
-        return [x.new_zeros(()) for _ in qs]
-    values = torch.where(valid, x, torch.full_like(x, math.inf)).flatten().sort().values  # valid ones first
-    n = torch.count_nonzero(valid)
-    last = (n - 1).clamp(min=0).to(x.dtype)
-    pos = torch.stack([q * last for q in qs])  # [Q] (python-float q times a tensor, as before, for equal rounding)
-    lo, hi = pos.floor().long(), pos.ceil().long()
-    value = values[lo] + (values[hi] - values[lo]) * (pos - lo.to(x.dtype))  # [Q]
-    return list(torch.where(n > 0, value, x.new_zeros(())).unbind())
+def weight_stats(log_w: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
+    """{prefix}/log_w_min|p50|p90|max and {prefix}/ess (or w_ess) of the sequence log-weights ``log_w [B]``."""
+    x = log_w[valid]
+    qs = torch.quantile(x, x.new_tensor([0.0, 0.5, 0.9, 1.0])) if x.numel() else x.new_zeros(4)
+    ess_name = "is/ess" if prefix == "is" else f"{prefix}/w_ess"
+    return {f"{prefix}/log_w_min": qs[0], f"{prefix}/log_w_p50": qs[1], f"{prefix}/log_w_p90": qs[2],
+            f"{prefix}/log_w_max": qs[3], ess_name: effective_sample_size(log_w, valid)}
 
 
-@torch.no_grad()
-def masked_stats(x: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
-    """{prefix}_mean, _min, _max of x[valid]; all 0 when nothing is valid."""
-    n = torch.count_nonzero(valid)
-    zero = x.new_zeros(())
-    mean = torch.where(valid, x, zero).sum() / n.clamp(min=1)
-    if x.numel() == 0:
-        return {f"{prefix}_mean": zero, f"{prefix}_min": zero, f"{prefix}_max": zero}
-    lo = torch.where(valid, x, torch.full_like(x, math.inf)).amin()
-    hi = torch.where(valid, x, torch.full_like(x, -math.inf)).amax()
-    return {
-        f"{prefix}_mean": mean,
-        f"{prefix}_min": torch.where(n > 0, lo, zero),
-        f"{prefix}_max": torch.where(n > 0, hi, zero),
-    }
+def _kernel_metrics(rows: Rows, valid: Tensor) -> dict[str, Tensor]:
+    out = weight_stats(rows["kernel_log_w"], valid, "vespo")
+    n_entries = rows["phi_pos_n"].sum() + rows["phi_neg_n"].sum()
+    out["vespo/phi_small_frac"] = rows["phi_small_n"].sum() / n_entries.clamp(min=1.0)
+    x = rows["kernel_log_w"]  # [B]
+    for sign in SIGN_NAMES:
+        n = rows[f"phi_{sign}_n"].sum()
+        some = n > 0
+        out[f"vespo/n_{sign}"] = n
+        out[f"vespo/phi_{sign}_mean"] = rows[f"phi_{sign}_sum"].sum() / n.clamp(min=1.0)
+        out[f"vespo/phi_{sign}_min"] = torch.where(some, _extreme(rows[f"phi_{sign}_min"], torch.amin), 0.0)
+        out[f"vespo/phi_{sign}_max"] = torch.where(some, _extreme(rows[f"phi_{sign}_max"], torch.amax), 0.0)
+        group = valid & (rows[f"in_{sign}"] > 0)  # [B]
+        log_phi = (rows[f"kernel_lambda_{sign}"].clamp(min=1e-4) * (1 - x.exp()) + rows[f"kernel_k_{sign}"] * x)
+        out[f"vespo/eq_w_{sign}"] = self_normalized_mean(log_phi, x.exp(), group)
+        phi = torch.where(group, log_phi.exp(), 0.0)
+        out[f"vespo/phi_{sign}_sum"] = phi.sum().nan_to_num(nan=0.0, posinf=0.0)
+        out[f"vespo/phi_{sign}_ess"] = effective_sample_size(log_phi, group)
+    return out
 
 
-@torch.no_grad()
-def is_metrics(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
-    """Distribution of the sequence log-weights ``log_w [B]`` over the ``valid [B]`` sequences."""
-    n = torch.count_nonzero(valid)
-    lw = log_w.detach()
-    w = torch.where(valid, lw.clamp(LOG_W_MIN, LOG_W_MAX).exp(), lw.new_zeros(()))  # [B]
-    return {
-        **log_weight_quantiles(lw, valid, "is/log_w"),
-        "is/w_mean": w.sum() / n.clamp(min=1),
-        "is/ess": effective_sample_size(lw, valid),
-        "is/n_seq": n.to(lw.dtype),
-    }
+def _extreme(x: Tensor, op) -> Tensor:
+    return op(x) if x.numel() else x.new_zeros(())
 
 
-@torch.no_grad()
-def log_weight_quantiles(log_w: Tensor, valid: Tensor, prefix: str) -> dict[str, Tensor]:
-    """{prefix}_min, _p50, _p90, _max of ``log_w [B]`` over the ``valid [B]`` entries (0 when none)."""
-    q_min, q50, q90, q_max = masked_quantiles(log_w, valid, (0.0, 0.5, 0.9, 1.0))
-    return {f"{prefix}_min": q_min, f"{prefix}_p50": q50, f"{prefix}_p90": q90, f"{prefix}_max": q_max}
+def _adaptive_metric(name: str, value: Tensor, rows: Rows) -> dict[str, Tensor]:
+    """A per-row statistic of adaptive VESPO's chosen shape (``name`` ends in _pos or _neg): its mean over the
+    sequences of that sign (over all rows when the batch has none of that sign)."""
+    sign = name.rsplit("_", 1)[-1]
+    group = (rows[f"in_{sign}"] > 0) & (rows["tokens"] > 0) if sign in SIGN_NAMES else rows["tokens"] >= 0
+    if not bool(group.any()):
+        group = torch.ones_like(group)
+    return {f"vespo/{name}": _mean(value, group)}
 
 
-@torch.no_grad()
+def _mean(x: Tensor, valid: Tensor) -> Tensor:
+    return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
+
+
 def effective_sample_size(log_weights: Tensor, valid: Tensor) -> Tensor:
     """(sum w)^2 / (n sum w^2) over the last dim's valid entries, from log w, in (0, 1]; 0 when none.
 
@@ -129,7 +209,6 @@ def effective_sample_size(log_weights: Tensor, valid: Tensor) -> Tensor:
     return torch.where(n > 0, log_ess.exp(), lw.new_zeros(()))
 
 
-@torch.no_grad()
 def self_normalized_mean(log_weights: Tensor, x: Tensor, valid: Tensor) -> Tensor:
     """sum_i w_i x_i / sum_i w_i over the last dim's valid entries, from log w (stable); 0 when none.
 
@@ -141,109 +220,16 @@ def self_normalized_mean(log_weights: Tensor, x: Tensor, valid: Tensor) -> Tenso
     return (p * torch.where(valid, x, x.new_zeros(()))).sum(dim=-1)
 
 
-SIGN_NAMES = ("pos", "neg")  # row 0: A >= 0, row 1: A < 0
+def metric_reduction(name: str) -> str:
+    """How a metric combines across the updates of a rollout step (and in the sinks): max | min | sum | mean.
 
-
-@torch.no_grad()
-def kernel_metrics(log_w: Tensor, seq_valid: Tensor, groups: Tensor, k: Tensor, lam: Tensor) -> dict[str, Tensor]:
-    """The log W VESPO's kernel used and the terms of the variance bound per sign of A (module docstring).
-
-    ``log_w [B]`` is the kernel's sequence log-weight, ``seq_valid [B]`` the non-empty rows,
-    ``groups [2, B]`` the sequences of each sign, ``k, lam [2]`` the (pos, neg) kernel shape used.
-    Computed in float64 and returned in log_w's dtype.
+    By its name: ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` -> sum, a last path segment
+    starting with ``n_`` (a count, e.g. ``is/n_seq``) -> sum, anything else -> mean.
     """
-    x = log_w.detach().double()  # [B]
-    log_phi = sign_log_phi(x, k.double(), lam.double())  # [2, B]
-    eq_w = self_normalized_mean(log_phi, x.exp(), groups)  # [2]
-    phi = torch.where(groups, log_phi.exp(), x.new_zeros(()))  # [2, B]
-    phi_sum = phi.sum(dim=-1).nan_to_num(nan=0.0, posinf=0.0)  # [2]; phi is finite for log W <= 20
-    phi_ess = effective_sample_size(log_phi, groups)  # [2]
-    out = {**log_weight_quantiles(x, seq_valid, "vespo/log_w"), "vespo/w_ess": effective_sample_size(x, seq_valid)}
-    for row, sign in enumerate(SIGN_NAMES):
-        out[f"vespo/eq_w_{sign}"] = eq_w[row]
-        out[f"vespo/phi_{sign}_sum"] = phi_sum[row]
-        out[f"vespo/phi_{sign}_ess"] = phi_ess[row]
-    return {key: value.to(log_w.dtype) for key, value in out.items()}
-
-
-@torch.no_grad()
-def kl_metrics(d: Tensor, tokens: Tensor, prefix: str) -> dict[str, Tensor]:
-    """k1 = mean(d), k3 = mean(e^d - 1 - d) over valid tokens, for d [B, T] = log q - log p (0 on padding)
-    and ``tokens [B]`` valid tokens per row."""
-    d = d.detach().clamp(-KL_D_CLAMP, KL_D_CLAMP)  # [B, T]; padding holds 0, which adds 0 to both sums
-    n = tokens.sum().clamp(min=1)
-    k1_sum = d.sum()
-    return {f"{prefix}/k1": k1_sum / n, f"{prefix}/k3": (torch.expm1(d).sum() - k1_sum) / n}
-
-
-@torch.no_grad()
-def policy_kl_metrics(clamped_log_ratio: Tensor, tokens: Tensor, out: Tensor | None = None) -> dict[str, Tensor]:
-    """kl/k1 and kl/k3 from the +-20-clamped log(pi_theta / pi_old) [B, T] (0 on padding): d = -log ratio.
-
-    The same numbers as kl_metrics(-log ratio, tokens, "kl"), without its (here idle) clamp; ``out``
-    ([B, T], optional) is a scratch buffer that saves an allocation.
-    """
-    d = torch.neg(clamped_log_ratio, out=out) if out is not None else -clamped_log_ratio  # [B, T]
-    n = tokens.sum().clamp(min=1)
-    k1_sum = d.sum()
-    return {"kl/k1": k1_sum / n, "kl/k3": (d.expm1_().sum() - k1_sum) / n}
-
-
-@torch.no_grad()
-def clip_metrics(n_low: Tensor, n_high: Tensor, tokens: Tensor) -> dict[str, Tensor]:
-    """Fraction of valid tokens where the lower / upper clip bound is active, from int64 counts.
-
-    ``tokens [B]`` holds the valid tokens per row; the fractions are int64 / int64, as count_nonzero gives.
-    """
-    n = token_count(tokens).clamp(min=1)
-    return {"loss/clip_frac_low": n_low / n, "loss/clip_frac_high": n_high / n}
-
-
-def token_count(tokens: Tensor) -> Tensor:
-    """The exact number of valid tokens (int64) from the per-row float counts ``tokens [B]``."""
-    return tokens.to(torch.int64).sum()
-
-
-def count_selected(flags: Tensor, select: Tensor) -> Tensor:
-    """int64 number of entries where the 0/1 float ``flags [B, T]`` is 1 and bool ``select`` ([B, 1] or [B, T]) holds.
-
-    flags must be 0 on padding. Rows are summed in the float dtype (exact: a row has < 2^24 tokens).
-    """
-    if select.shape[-1] == 1:
-        return (flags.sum(dim=-1) * select[:, 0]).to(torch.int64).sum()
-    return (flags * select).sum(dim=-1).to(torch.int64).sum()
-
-
-@torch.no_grad()
-def phi_metrics(phi: Tensor, nonneg_adv: Tensor, valid: Tensor) -> dict[str, Tensor]:
-    """VESPO's phi split by the kernel it used (A >= 0: positive pair), over the valid entries."""
-    pos, neg = valid & nonneg_adv, valid & ~nonneg_adv
-    small = torch.count_nonzero((phi < PHI_SMALL) & valid).to(phi.dtype) / torch.count_nonzero(valid).clamp(min=1)
-    return {
-        **masked_stats(phi, pos, "vespo/phi_pos"),
-        **masked_stats(phi, neg, "vespo/phi_neg"),
-        "vespo/n_pos": torch.count_nonzero(pos).to(phi.dtype),
-        "vespo/n_neg": torch.count_nonzero(neg).to(phi.dtype),
-        "vespo/phi_small_frac": small,
-    }
-
-
-def base_metrics(
-    loss: Tensor,
-    log_w: Tensor,
-    seq_valid: Tensor,
-    clamped_log_ratio: Tensor,
-    tokens: Tensor,
-    rollout_d: Tensor | None,
-    scratch: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """The metrics every loss reports: pg loss, is/*, kl/* (and rollout/* when rollout log-probs are given).
-
-    ``clamped_log_ratio [B, T]`` is log(pi_theta / pi_old) clamped to +-20, 0 on padding;
-    ``scratch`` an optional [B, T] buffer the caller no longer needs.
-    """
-    metrics = {"loss/pg_loss": loss.detach(), **is_metrics(log_w, seq_valid),
-               **policy_kl_metrics(clamped_log_ratio, tokens, scratch)}
-    if rollout_d is not None:
-        metrics.update(kl_metrics(rollout_d, tokens, "rollout"))
-    return metrics
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
+        return "sum"
+    return "mean"

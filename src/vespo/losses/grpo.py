@@ -19,15 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, check_range, clamp_pass, finish, indicator, rollout_corrected, token_ratio
-from vespo.losses.diagnostics import clip_metrics, count_selected, token_count
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.diagnostics import token_counts
+from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, prepare_inputs
 from vespo.losses.registry import LossSpec, register
-from vespo.types import LossOutput
 
 
 @dataclass
-class GrpoConfig(LossConfig):
+class GrpoConfig(BaseLossConfig):
     """PPO-clip surrogate per token (DAPO's clip-higher is eps_high = 0.28)."""
 
     agg: str = "token-mean"
@@ -50,63 +49,50 @@ class GrpoConfig(LossConfig):
 
 
 def grpo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
     cfg: GrpoConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T]
 ) -> LossOutput:
     """The clipped surrogate max(-A r, -A clip(r)) per token (dual-clipped for A < 0), aggregated."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T], 1 on padding
-    loss_mat, coef, metrics = clipped_surrogate(ratio, inp.adv, inp.tokens, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
-    coef.mul_(inp.mask_f)  # [B, T], 0 on padding
-    passes = clamp_pass(inp, inp.clamped_log_ratio)
-    if passes is not None:
-        coef.mul_(passes)  # the +-20 clamp of the log-ratio stops the gradient where it binds
-    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
-    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    ratio = x.clamped_log_ratio.exp()  # [B, T] r_t
+    live = x.log_ratio.abs() <= TOKEN_LOG_RATIO_CLAMP  # [B, T] where the +-20 clamp lets the gradient through
+    loss_mat, weight, rows = clipped_surrogate(ratio, live, x.adv, x.mask_f, cfg.eps_low, cfg.eps_high,
+                                               cfg.dual_clip_c)
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None:
+        loss_mat, weight = loss_mat * correction, weight * correction
+    return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 
-@torch.no_grad()
 def clipped_surrogate(
-    ratio: Tensor, adv: Tensor, tokens: Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
+    ratio: Tensor, live: Tensor, adv: Tensor, mask_f: Tensor, eps_low: float, eps_high: float,
+    dual_clip_c: float | None,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """PPO's clipped loss per token, its gradient coefficient and its clip fractions; shared with GSPO.
+    """PPO's clipped loss per token, its gradient weight and its clip-count rows; shared with GSPO.
 
-    max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) is -A min(r, 1 + eps_high) for A > 0 and
-    -A max(r, 1 - eps_low) for A < 0; the dual clip min(., -A c) caps the latter at r = c. So the
-    loss is -A clamp(r, lo, hi) with bounds picked by the sign of A, and its derivative w.r.t. log r
-    is -A r where lo <= r <= hi, else 0 (the coefficient returned, not yet masked).
-    ``ratio`` is [B, T] (1 on padding, where nothing clips) or [B, 1] (GSPO's sequence ratio);
-    it is consumed (the coefficient may be written into it).
+    ``ratio`` [B, T] (or GSPO's [B, 1] sequence ratio) carries the gradient, ``live`` (same shape, bool)
+    says where ratio's own clamp lets it through; ``adv`` [B, 1] or [B, T]. The gradient weight is r
+    where the unclipped branch is the one taken and ``live``, else 0.
     """
-    neg = adv < 0  # [B, 1] or [B, T]
-    inf = torch.full_like(adv, torch.inf)
-    lo = torch.where(neg, adv.new_tensor(1.0 - eps_low), -inf)
-    hi = torch.where(neg, inf if dual_clip_c is None else adv.new_tensor(dual_clip_c), adv.new_tensor(1.0 + eps_high))
-    clipped = ratio.clamp(lo, hi)  # [B, T]
-    flags = torch.empty_like(clipped)  # [B, T] one buffer for the three 0/1 flags below
-    above = indicator(torch.lt, clipped, ratio, flags)  # cut by hi: A > 0 above 1 + eps_high, or A < 0 above c
-    n_high = _count(above, adv > 0, tokens)
-    n_dual = None if dual_clip_c is None else _count(above, neg, tokens)
-    below = indicator(torch.gt, clipped, ratio, flags)  # cut by lo: A < 0 below 1 - eps_low
-    metrics = clip_metrics(_count(below, neg, tokens), n_high, tokens)
-    if n_dual is not None:
-        metrics["loss/dual_clip_frac"] = n_dual / token_count(tokens).clamp(min=1)
-    inside = indicator(torch.eq, clipped, ratio, flags)  # lo <= r <= hi: the gradient passes
-    coef = ratio.mul_(-adv) if ratio.shape == clipped.shape else ratio * -adv  # -A r
-    loss_mat = clipped.mul_(-adv)  # [B, T] -A clamp(r, lo, hi)
-    return loss_mat, coef.mul_(inside), metrics
-
-
-def _count(flags: Tensor, select: Tensor, tokens: Tensor) -> Tensor:
-    """int64 count of valid tokens with flags = 1 in the selected rows/tokens; [B, 1] flags count every token."""
-    if flags.shape[-1] == 1 and tokens.dim() == 1:
-        flags = flags * tokens[:, None]  # a sequence-level flag counts for each of the row's tokens
-    return count_selected(flags, select)
+    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))  # [B, T]
+    neg = adv < 0
+    if dual_clip_c is not None:
+        surrogate = torch.where(neg, torch.minimum(surrogate, -adv * dual_clip_c), surrogate)
+    with torch.no_grad():
+        r = ratio.detach()
+        high = (adv > 0) & (r > 1.0 + eps_high)  # clipped branch wins: no gradient
+        low = neg & (r < 1.0 - eps_low)
+        dual = neg & (r > dual_clip_c) if dual_clip_c is not None else torch.zeros_like(high)
+        weight = torch.where(high | low | dual | ~live, 0.0, r)  # [B, T] or [B, 1]
+        rows = {"clip_low": token_counts(low, mask_f), "clip_high": token_counts(high, mask_f)}
+        if dual_clip_c is not None:
+            rows["dual_clip"] = token_counts(dual, mask_f)
+    return surrogate, weight, rows
 
 
 register(LossSpec("grpo", grpo_loss, GrpoConfig))

@@ -8,28 +8,24 @@ The baseline as the VESPO paper (arXiv 2602.10693) compares it:
     L        = agg(l)                                             default seq-mean-token-mean
 
 Clip fractions count tokens as in GRPO (A > 0 above the upper bound, A < 0 below the lower).
-Since s_it has the same value exp(min(log s_i, 10)) on every token of row i and the gradient
-coefficient -A s_i (0 where a clip or the clamp at 10 binds), both are computed once per row [B, 1].
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, check_range, finish, rollout_corrected
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
 from vespo.losses.grpo import clipped_surrogate
+from vespo.losses.inputs import prepare_inputs
 from vespo.losses.registry import LossSpec, register
-from vespo.types import LossOutput
 
 LOG_S_MAX = 10.0  # the token-form log ratio is clamped at 10 (verl)
 
 
 @dataclass
-class GspoConfig(LossConfig):
+class GspoConfig(BaseLossConfig):
     """Sequence-level clipping of the geometric-mean token ratio."""
 
     agg: str = "seq-mean-token-mean"
@@ -48,24 +44,25 @@ class GspoConfig(LossConfig):
 
 
 def gspo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
     cfg: GspoConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T]
 ) -> LossOutput:
     """The clipped surrogate on the sequence ratio s_i in its token form, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    log_s = (inp.row_log_ratio / inp.tokens.clamp(min=1.0))[:, None]  # [B, 1]
-    ratio = torch.exp(log_s.clamp(max=LOG_S_MAX))  # [B, 1]: s_it's value, the same for every token of row i
-    loss_mat, coef, metrics = clipped_surrogate(ratio, inp.adv, inp.tokens, cfg.eps_low, cfg.eps_high, None)
-    coef = coef * (log_s <= LOG_S_MAX)  # the clamp at 10 stops the gradient where it binds
-    if coef.shape[-1] != 1:
-        coef = coef * inp.mask_f  # token advantages: [B, T], 0 on padding
-    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
-    return finish(loss_mat, coef, inp, cfg, normalizer, metrics)
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    log_s = (x.log_ratio.detach().sum(dim=-1) / x.tokens.clamp(min=1.0))[:, None]  # [B, 1] sg[log s_i]
+    log_s_it = (log_s + x.logp - x.logp.detach()).clamp(max=LOG_S_MAX)  # [B, T] value log s_i, gradient grad logp
+    live = log_s <= LOG_S_MAX  # [B, 1]
+    loss_mat, weight, rows = clipped_surrogate(log_s_it.exp(), live, x.adv, x.mask_f, cfg.eps_low, cfg.eps_high,
+                                               None)
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None:
+        loss_mat, weight = loss_mat * correction, weight * correction
+    return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 
 register(LossSpec("gspo", gspo_loss, GspoConfig))

@@ -12,17 +12,16 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from vespo.losses._checks import LossInputs, prepare_inputs
-from vespo.losses.base import LossConfig, check_choice, finish, rollout_corrected
+from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, finish, rollout_weight
+from vespo.losses.inputs import LossInputs, prepare_inputs
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX
-from vespo.types import LossOutput
 
 IS_LEVELS: tuple[str, ...] = ("none", "token", "sequence")
 
 
 @dataclass
-class ReinforceConfig(LossConfig):
+class ReinforceConfig(BaseLossConfig):
     """Plain policy gradient with an optional importance weight."""
 
     agg: str = "token-mean"
@@ -36,33 +35,32 @@ class ReinforceConfig(LossConfig):
 
 
 def reinforce_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
     cfg: ReinforceConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T]
 ) -> LossOutput:
     """Policy gradient -sg[w] * A * logp, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    if cfg.is_level == "none":
-        coef = -inp.adv  # [B, 1] or [B, T]
-    else:
-        weight = _importance_weight(inp, cfg.is_level)  # [B, T] or [B, 1]
-        coef = weight.mul_(-inp.adv) if weight.shape[-1] != 1 else weight * -inp.adv  # [B, T] or [B, 1]
-    if coef.shape[-1] != 1 and inp.adv.shape[-1] == 1:
-        coef.mul_(inp.mask_f)  # [B, T], 0 on padding
-    masked = coef.shape[-1] != 1  # a [B, T] coefficient is 0 on padding, and so is coef * logp
-    loss_mat, coef = rollout_corrected(coef * inp.logp, coef, inp, cfg)  # [B, T]
-    return finish(loss_mat, coef, inp, cfg, normalizer, {}, loss_masked=masked)
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    weight = importance_weight(x, cfg.is_level)  # [B, T], [B, 1] or a [B, 1] of ones
+    loss_mat = -weight * x.adv * x.logp
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None:
+        loss_mat, weight = loss_mat * correction, weight * correction
+    return finish(loss_mat, weight, x, cfg, normalizer)
 
 
-def _importance_weight(inp: LossInputs, level: str) -> Tensor:
-    """The detached weight, a new tensor: r_t [B, T] (token) or W_i [B, 1] (sequence)."""
+def importance_weight(x: LossInputs, level: str) -> Tensor:
+    """The detached weight: 1 [B, 1] (none), r_t [B, T] (token) or W_i [B, 1] (sequence)."""
+    log_ratio = x.clamped_log_ratio.detach()  # [B, T]
+    if level == "none":
+        return x.tokens.new_ones(x.tokens.shape[0], 1)
     if level == "token":
-        return inp.clamped_log_ratio.exp()
-    return inp.row_clamped_log_ratio[:, None].clamp(max=LOG_W_MAX).exp()  # [B, 1]
+        return log_ratio.exp()
+    return log_ratio.sum(dim=-1, keepdim=True).clamp(max=LOG_W_MAX).exp()  # [B, 1]
 
 
 register(LossSpec("reinforce", reinforce_loss, ReinforceConfig))

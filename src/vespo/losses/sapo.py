@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import LossConfig, check_range, clamp_pass, finish, rollout_corrected, token_ratio
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, prepare_inputs
 from vespo.losses.registry import LossSpec, register
-from vespo.types import LossOutput
 
 
 @dataclass
-class SapoConfig(LossConfig):
+class SapoConfig(BaseLossConfig):
     """Soft adaptive gate temperatures, one for each advantage sign."""
 
     agg: str = "seq-mean-token-mean"
@@ -41,29 +40,28 @@ class SapoConfig(LossConfig):
 
 
 def sapo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
     cfg: SapoConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T]
 ) -> LossOutput:
     """-sigmoid(tau (r - 1)) * 4 / tau * A per token, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    tau = torch.where(inp.adv > 0, inp.adv.new_tensor(cfg.tau_pos), inp.adv.new_tensor(cfg.tau_neg))  # [B, 1]|[B, T]
-    ratio = token_ratio(inp.clamped_log_ratio)  # [B, T]
-    sig = (ratio - 1.0).mul_(tau).sigmoid_()  # [B, T] sigmoid(tau (r - 1))
-    loss_mat = (sig * (4.0 / tau)).mul_(-inp.adv)  # [B, T] -gate * A
-    # d loss / d logp = -A (4 / tau) sig (1 - sig) tau r   (sigmoid' = sig (1 - sig); dr / dlogp = r)
-    coef = ratio.mul_(sig)  # [B, T] r sig, in r's storage
-    coef.mul_(sig.neg_().add_(1.0))  # r sig (1 - sig)
-    coef.mul_(-inp.adv * (4.0 / tau) * tau).mul_(inp.mask_f)  # 0 on padding
-    passes = clamp_pass(inp, inp.clamped_log_ratio)
-    if passes is not None:
-        coef.mul_(passes)  # the +-20 clamp of the log-ratio stops the gradient where it binds
-    loss_mat, coef = rollout_corrected(loss_mat, coef, inp, cfg)
-    return finish(loss_mat, coef, inp, cfg, normalizer, {})
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    tau = torch.where(x.adv > 0, x.adv.new_tensor(cfg.tau_pos), x.adv.new_tensor(cfg.tau_neg))  # [B, 1] or [B, T]
+    ratio = x.clamped_log_ratio.exp()  # [B, T]
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T] f_tau(r)
+    loss_mat = -gate * x.adv
+    with torch.no_grad():  # d f / d log r = 4 sigmoid (1 - sigmoid) r: 1 at r = 1
+        sig = torch.sigmoid(tau * (ratio.detach() - 1.0))
+        live = x.log_ratio.detach().abs() <= TOKEN_LOG_RATIO_CLAMP
+        weight = torch.where(live, 4.0 * sig * (1.0 - sig) * ratio.detach(), 0.0)  # [B, T]
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None:
+        loss_mat, weight = loss_mat * correction, weight * correction
+    return finish(loss_mat, weight, x, cfg, normalizer)
 
 
 register(LossSpec("sapo", sapo_loss, SapoConfig))

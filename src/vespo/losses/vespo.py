@@ -18,19 +18,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import LossInputs, prepare_inputs
-from vespo.losses.base import LossConfig, check_choice, check_range, finish
-from vespo.losses.diagnostics import kernel_metrics, phi_metrics
-from vespo.losses.kernel import kernel_phi, sign_groups
+from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish
+from vespo.losses.diagnostics import kernel_rows
+from vespo.losses.inputs import LossInputs, prepare_inputs
+from vespo.losses.kernel import kernel_phi
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
-from vespo.types import LossOutput
 
 LENGTH_NORMS: tuple[str, ...] = ("none", "sqrt", "linear")
 
 
 @dataclass
-class VespoConfig(LossConfig):
+class VespoConfig(BaseLossConfig):
     """The gamma kernel's shape for each advantage sign, and the length-normalization ablation."""
 
     agg: str = "token-mean"
@@ -54,49 +53,40 @@ class VespoConfig(LossConfig):
 
 
 def vespo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    logp: Tensor,  # [B, T] log pi_theta of the sampled tokens, carries the gradient
+    old_logp: Tensor,  # [B, T] log mu, the behaviour policy
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T] 1 on response tokens
     cfg: VespoConfig,
     normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,  # [B, T] the inference engine's log-probs (rollout correction)
 ) -> LossOutput:
     """-sg[phi(W)] * A * logp per token, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    log_w = vespo_log_weight(inp, cfg)  # [B, 1]
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    log_w = vespo_log_weight(x, cfg)  # [B, 1]
     k, lam = fixed_shape(cfg, log_w)  # [2], [2]
-    return kernel_loss(inp, cfg, normalizer, log_w, k, lam)
+    return kernel_loss(x, cfg, normalizer, log_w, k, lam)
 
 
 def kernel_loss(
-    inp: LossInputs,
-    cfg: VespoConfig,
-    normalizer: float | Tensor | None,
-    log_w: Tensor,
-    k: Tensor,
-    lam: Tensor,
-    extra_metrics: dict[str, Tensor] | None = None,
+    x: LossInputs, cfg: VespoConfig, normalizer: float | Tensor | None, log_w: Tensor, k: Tensor, lam: Tensor,
+    rows: dict[str, Tensor] | None = None,
 ) -> LossOutput:
     """VESPO's loss with the kernel shape ``k, lam [2]`` (pos, neg) on the sequence log-weights ``log_w [B, 1]``."""
-    phi = kernel_phi(log_w, inp.adv, k, lam)  # [B, 1] or [B, T], detached
-    coef = -phi * inp.adv  # [B, 1] or [B, T] (0 on padding: adv is): d loss_it / d logp_it
-    loss_mat = coef * inp.logp  # [B, T]
-    valid = inp.seq_valid[:, None] if phi.shape[-1] == 1 else inp.mask
-    groups = sign_groups(inp.adv, inp.mask, inp.seq_valid)  # [2, B]
-    metrics = {**phi_metrics(phi, inp.adv >= 0, valid),
-               **kernel_metrics(log_w[:, 0], inp.seq_valid, groups, k, lam), **(extra_metrics or {})}
-    return finish(loss_mat, coef, inp, cfg, normalizer, metrics, loss_masked=coef.shape[-1] != 1)
+    phi = kernel_phi(log_w, x.adv, k, lam)  # [B, 1] or [B, T], detached
+    loss_mat = -phi * x.adv * x.logp  # [B, T]
+    shape_rows = kernel_rows(phi, x.adv, x.mask, log_w, k, lam)
+    return finish(loss_mat, phi, x, cfg, normalizer, {**shape_rows, **(rows or {})})
 
 
 @torch.no_grad()
-def vespo_log_weight(inp: LossInputs, cfg: VespoConfig) -> Tensor:
+def vespo_log_weight(x: LossInputs, cfg: VespoConfig) -> Tensor:
     """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
-    log_w = inp.row_clamped_log_ratio[:, None]  # [B, 1]
-    correction = correction_log_weight(inp.rollout_d, inp.mask_f, cfg.rollout_correction)
+    log_w = x.clamped_log_ratio.sum(dim=-1, keepdim=True)  # [B, 1]
+    correction = correction_log_weight(x.rollout_d, x.mask_f, cfg.rollout_correction)  # [B, T], [B, 1] or None
     if correction is not None:
         log_w = log_w + correction.sum(dim=-1, keepdim=True)
-    lengths = inp.tokens.clamp(min=1.0)[:, None]  # [B, 1]
+    lengths = x.tokens.clamp(min=1.0)[:, None]  # [B, 1]
     if cfg.length_norm == "sqrt":
         log_w = log_w / lengths.sqrt()
     elif cfg.length_norm == "linear":

@@ -33,7 +33,10 @@ The loss itself is then VESPO's with that shape:
     L = agg( -sg[phi(W_i)] * A_i * logp_it )
 
 "Per call" means per batch the loss sees: a mini-batch, or each micro-batch when the trainer
-splits one (``optim.micro_batch_size``), so adapt on batches large enough for the statistic.
+splits one (``optim.micro_batch_size``), so adapt on batches large enough for the statistic. The
+shape each sequence was trained with goes into the rows (``adaptive/k_pos``, ...), so the logged
+``vespo/k_pos``, ``vespo/lambda_pos``, ``vespo/adapted_pos`` are means over the A >= 0 sequences of
+the batch (``adapted``: the share of them whose kernel was adapted), whatever the micro-batching.
 With W = 1 everywhere phi(1) = 1 for every shape, so the loss and gradient equal `vespo`'s.
 """
 
@@ -45,13 +48,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses._checks import prepare_inputs
-from vespo.losses.base import check_choice, check_range
+from vespo.losses.base import LossOutput, check_choice, check_range
 from vespo.losses.diagnostics import SIGN_NAMES, effective_sample_size, self_normalized_mean
+from vespo.losses.inputs import prepare_inputs
 from vespo.losses.kernel import sign_groups, sign_log_phi
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.vespo import VespoConfig, kernel_loss, vespo_log_weight
-from vespo.types import LossOutput
 
 RULES: tuple[str, ...] = ("budget", "ess")
 MIN_SEQUENCES = 2  # a sign with fewer sequences (or no spread in W) keeps the configured kernel
@@ -103,11 +105,13 @@ def vespo_adaptive_loss(
     rollout_logp: Tensor | None = None,
 ) -> LossOutput:
     """VESPO with the kernel shape per sign chosen by ``cfg.rule`` on this batch, aggregated by ``cfg.agg``."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    log_w = vespo_log_weight(inp, cfg)  # [B, 1]
-    groups = sign_groups(inp.adv, inp.mask, inp.seq_valid)  # [2, B]
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    log_w = vespo_log_weight(x, cfg)  # [B, 1]
+    groups = sign_groups(x.adv, x.mask, x.seq_valid)  # [2, B]
     k, lam, metrics = adapt_shape(log_w[:, 0], groups, cfg)  # [2], [2] float64
-    return kernel_loss(inp, cfg, normalizer, log_w, k.to(log_w.dtype), lam.to(log_w.dtype), metrics)
+    rows = {f"adaptive/{name.removeprefix('vespo/')}": value.double().expand(len(log_w)).clone()
+            for name, value in metrics.items()}  # the call's shape, on each of its rows
+    return kernel_loss(x, cfg, normalizer, log_w, k.to(log_w.dtype), lam.to(log_w.dtype), rows)
 
 
 @torch.no_grad()

@@ -1,43 +1,58 @@
-"""The learner: behavior log-probs, one optimizer step per mini-batch, and the non-finite guard.
+"""The learner: the one owner of μ, one optimizer step per mini-batch, and the non-finite guard.
 
-It knows nothing about where samples come from: both sample sources (local and Ray) feed it the
-same `TrainBatch`es, and the training loop calls the same three methods in both modes.
+It knows nothing about where samples come from: both sample sources feed it the same immutable
+``TrainItem``s, and the training loop calls the same two methods in both modes
+(vespo.trainer.protocols):
 
-    batches, m = learner.prepare(minibatches, behavior, replay)   μ for each mini-batch, before any
-                                       update: the trainer's recompute (no grad) or the engine's
-                                       log-probs; engine-vs-trainer metrics
-    result = learner.update(minibatch)                    one AdamW step; skips non-finite steps
-    result = learner.update(minibatch, behavior_pass=True)   a lag-0 mini-batch whose update's forward is
-                                       also its behavior pass (one forward fewer)
-    learner.save_checkpoint(...) / learner.weights()      what the loop checkpoints and pushes to engines
+    rows = learner.prepare(items)      μ of each item, decided here alone, before any of them is trained
+    result = learner.update(item)      one AdamW step; skips non-finite steps
 
-The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU and
-are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same object as a Ray actor.
+Where μ comes from (``staleness.behavior``, resolved by the config):
 
-Router replay (``cfg.rollout.router_replay``, docs/router_replay.md) on a MoE model: ``r2`` records
-the experts the recompute pass chose at every position into ``batch.routed_experts``; ``r3``
-replays the engine's recorded ones there. Every training forward replays ``batch.routed_experts``
-when it is set.
+    recompute   the trainer's log-probs of the weights that sampled the batch: every item must have
+                been sampled at the learner's current version; μ is computed on exactly the
+                micro-batches the update will use, so at N = 1 the first update sees W == 1 bit for bit
+    rollout     the engine's log-probs (``batch.rollout_logp``)
+
+Either way a behaviour pass (the trainer's log-probs of the batch at the weights it is prepared
+with) gives the engine-vs-trainer rows (``mismatch/*``, ``rollout/entropy``). The item trained
+next, at the weights μ refers to, takes that pass from its own update's forward (one forward
+fewer; the forward, detached, *is* the recompute), unless the model has dropout or R2 must record
+the routing in a pass of its own.
+
+Router replay (``rollout.router_replay``, docs/router_replay.md) on a MoE model: ``r2`` records
+the experts the behaviour pass chose at every position and every training forward of that batch
+replays them; ``r3`` replays the engine's recorded ones (``batch.routed_experts``) in the behaviour
+pass and every training forward; ``none`` routes freely.
+
+Every diagnostic is formed from the rows of the whole mini-batch (vespo.losses.diagnostics), so
+it does not depend on ``optim.micro_batch_size``. The learner owns the weights and the optimizer
+on ``model.device``; batches arrive on the CPU and are moved there. ``RemoteLearner``
+(vespo.trainer.remote) runs the same object as a Ray actor.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from vespo.config import OptimConfig
-from vespo.losses import get_loss
-from vespo.metrics import masked_mean, mismatch_metrics, reduce_metrics, to_floats
+from vespo.losses import concat_rows, get_loss, summarize
+from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, is_moe, record_routing, response_logprobs
 from vespo.models.moe import stack_routing
+from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
 from vespo.types import TrainBatch
 
-
+BEHAVIORS = ("recompute", "rollout")
+# the engine-vs-trainer gap is logged once, as mismatch/* (the behaviour pass), not again as the loss's
+# rollout/k1, k3 (engine vs μ) when the loss gets the engine's log-probs for its rollout correction
+ENGINE_GAP_ROWS = ("rollout_k1", "rollout_k3")
 REPLAY_MODES = ("none", "r2", "r3")
 
 
@@ -45,20 +60,27 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
 
 
-@dataclass
-class UpdateResult:
-    metrics: dict[str, float]
-    skipped: bool
-    log_w: Tensor = field(default_factory=lambda: torch.zeros(0))  # [b] sequence log-weight each row had
-    weight: Tensor = field(default_factory=lambda: torch.zeros(0))  # [b] the loss's weight on each row (LossOutput.seq_weight)
+@dataclass(frozen=True)
+class Staged:
+    """An item's batch as the learner trains it: μ (None while its behaviour pass is still to come, in
+    the update's own forward) and the routing every training forward replays."""
+
+    batch: TrainBatch  # the learner's copy: old_logp and routed_experts set here
+    shared_pass: bool  # the update's forward is also the behaviour pass
 
 
 class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
-                 total_updates: int, temperature: float = 1.0, max_nonfinite: int = 3,
-                 device: torch.device | str = "cpu", autocast: bool = False, compile: bool = False):
+                 total_updates: int, behavior: str = "recompute", replay: str = "none",
+                 temperature: float = 1.0, max_nonfinite: int = 3, device: torch.device | str = "cpu",
+                 autocast: bool = False, compile: bool = False):
+        if behavior not in BEHAVIORS:
+            raise ValueError(f"behavior must be one of {', '.join(BEHAVIORS)}; got {behavior!r}")
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        self.behavior, self.replay = behavior, replay
         self.autocast = autocast
         self.compiled = compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
         self.spec = get_loss(loss_name)
@@ -75,57 +97,60 @@ class Learner:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.moe = is_moe(model)
+        self.records_routing = replay == "r2" and self.moe  # R2 records in a behaviour pass of its own
+        self.can_share = _dropout_free(model) and not self.records_routing
+        self.staged: dict[int, Staged] = {}
 
-    # ------------------------------------------------------------ behavior policy
+    # ------------------------------------------------------------ μ
 
-    def prepare(self, minibatches: list[TrainBatch], behavior: str,
-                replay: str = "none") -> tuple[list[TrainBatch], dict[str, float]]:
-        """Set each mini-batch's old_logp (μ) before any update, and measure the engine-vs-trainer gap.
+    def prepare(self, items: list[TrainItem]) -> Rows:
+        """Decide μ for each item (module docstring) before any of them is trained.
 
-        behavior ``recompute``: μ = the trainer's log-probs of the current weights, computed on exactly
-        the micro-batches the update will use, so with N = 1 the first update sees W == 1 bit for bit.
-        ``rollout``: μ = the engine's log-probs. The recompute pass runs in both cases, for the
-        ``mismatch/*`` metrics (engine vs trainer on the same tokens) and the entropy. ``replay`` is the
-        router replay mode (none, r2, r3; see ``behavior_logp``).
+        Returns the behaviour rows of the passes run now; the next item to train at the weights μ
+        refers to defers its pass to its own update's forward.
         """
-        stats = []
-        for mb in minibatches:
-            logp, entropy = self.behavior_logp(mb, replay)  # [b, T], [b, T] (on the CPU)
-            mb.old_logp = logp if behavior == "recompute" else mb.rollout_logp
-            stats.append(behavior_metrics(mb, logp, entropy))
-        return minibatches, to_floats(reduce_metrics(stats))
+        rows = []
+        for position, item in enumerate(items):
+            if self.behavior == "recompute" and item.sampled_version != self.version:
+                raise ValueError(f"item {item.index} was sampled at version {item.sampled_version}, but the learner is "
+                                 f"at version {self.version}: recompute needs the weights that sampled it")
+            batch = self.routing_copy(item.batch)
+            shared = self.can_share and (self.behavior == "rollout" or position == 0)
+            if shared:
+                old = batch.rollout_logp if self.behavior == "rollout" else None
+                self.staged[item.index] = Staged(replace(batch, old_logp=old), shared_pass=True)
+                continue
+            logp, entropy, routing = self.behavior_pass(batch)
+            old = logp if self.behavior == "recompute" else batch.rollout_logp
+            self.staged[item.index] = Staged(replace(batch, old_logp=old, routed_experts=routing), shared_pass=False)
+            rows.append(behavior_rows(batch.rollout_logp, logp, entropy, batch.response_mask))
+        return concat_rows(rows)
+
+    def routing_copy(self, batch: TrainBatch) -> TrainBatch:
+        """The batch with the routing its behaviour pass replays: the engine's (r3), none otherwise."""
+        if self.replay == "r3" and self.moe:
+            if batch.routed_experts is None:
+                raise ValueError("router replay r3 needs the engine's routing, but the batch has none: build the HF "
+                                 "engine with record_routing=True (the vLLM backend does not report routing; see "
+                                 "docs/router_replay.md)")
+            return batch
+        return replace(batch, routed_experts=None)
 
     @torch.no_grad()
-    def behavior_logp(self, batch: TrainBatch, replay: str = "none") -> tuple[Tensor, Tensor]:
-        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights.
-
-        Computed on exactly the micro-batches ``update`` will use, so with N = 1 the first update
-        sees W == 1 bit for bit. ``replay`` sets ``batch.routed_experts``, what every training
-        forward over the batch replays (nothing changes on a dense model):
-          none  routes freely and clears batch.routed_experts;
-          r2    routes freely and records its choices at every position into batch.routed_experts;
-          r3    replays batch.routed_experts, the engine's choices (it must be set).
-        """
-        if replay not in REPLAY_MODES:
-            raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
-        if replay == "r3" and self.moe and batch.routed_experts is None:
-            raise ValueError("router replay r3 needs the engine's routing, but batch.routed_experts is None: "
-                             "build the HF engine with record_routing=True (the vLLM backend does not report "
-                             "routing; see docs/router_replay.md)")
-        if replay != "r3":
-            batch.routed_experts = None  # none and r2 route freely here
-        record = replay == "r2" and self.moe
+    def behavior_pass(self, batch: TrainBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights, on
+        exactly the micro-batches ``update`` will use; with R2 also the routing it chose [B, P+T, L, K]."""
         was_training = self.model.training
         self.model.eval()
-        parts = [self._behavior_micro(micro.to(self.device), record) for micro in self.micro_batches(batch)]
+        parts = [self._behavior_micro(micro.to(self.device)) for micro in self.micro_batches(batch)]
         self.model.train(was_training)
-        if record:
-            batch.routed_experts = torch.cat([routing for _, _, routing in parts]).cpu()  # [B, P+T, L, K]
-        return torch.cat([logp for logp, _, _ in parts]).cpu(), torch.cat([ent for _, ent, _ in parts]).cpu()
+        logp, entropy = torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
+        routing = torch.cat([p[2] for p in parts]).cpu() if self.records_routing else batch.routed_experts
+        return logp, entropy, routing
 
-    def _behavior_micro(self, micro: TrainBatch, record: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """logp [b, T], entropy [b, T] and, when recording, the routing of every position [b, P+T, L, K]."""
-        if not record:
+    def _behavior_micro(self, micro: TrainBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """logp [b, T], entropy [b, T] and, with R2, the routing of every position [b, P+T, L, K]."""
+        if not self.records_routing:
             logp, entropy = self._logprobs(micro, with_entropy=True)
             return logp, entropy, None
         with record_routing(self.model) as records:
@@ -148,78 +173,54 @@ class Learner:
 
     # ------------------------------------------------------------ one optimizer step
 
-    def shares_behavior_forward(self, replay: str = "none") -> bool:
-        """Whether a mini-batch trained on the weights μ is defined by (lag 0) may take its behavior pass
-        from its own update's forward (``update(mb, behavior_pass=True)``).
-
-        The update's forward, detached, then is the recompute itself, provided a train-mode forward
-        equals an eval-mode one (no dropout) and μ's pass records nothing the update needs (R2
-        records routing in it).
-        """
-        return not (replay == "r2" and self.moe) and _dropout_free(self.model)
-
-    def update(self, mb: TrainBatch, behavior_pass: bool = False) -> UpdateResult:
-        """One optimizer step on mini-batch ``mb``.
-
-        ``mb.old_logp`` must be set, unless ``behavior_pass``: then this update's forward is also the
-        behavior pass of a lag-0 mini-batch (``shares_behavior_forward``): μ = its log-probs, detached,
-        when ``mb.old_logp`` is None (one forward instead of two, and W == 1 bit for bit), and its
-        ``mismatch/*`` and entropy metrics come with the update's.
-        """
-        if mb.old_logp is None and not behavior_pass:
-            raise ValueError("mini-batch has no old_logp: set the behavior log-probs before update()")
+    def update(self, item: TrainItem) -> UpdateResult:
+        """One optimizer step on a prepared item; its metrics are the whole mini-batch's."""
+        if item.index not in self.staged:
+            raise ValueError(f"item {item.index} was not prepared: call prepare() with it before update()")
+        staged = self.staged.pop(item.index)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        normalizer = self._normalizer(mb)
-        loss_sum, metrics, behavior = torch.zeros((), device=self.device), [], []
-        rows: dict[str, list[Tensor]] = {"log_w": [], "weight": [], "old_logp": []}
-        for micro in self.micro_batches(mb):
+        normalizer = self._normalizer(staged.batch)
+        loss_sum = torch.zeros((), device=self.device)
+        loss_rows, behavior, weights = [], [], []
+        for micro in self.micro_batches(staged.batch):
             micro = micro.to(self.device)
-            logp, entropy = self._logprobs(micro, with_entropy=behavior_pass)  # replays micro.routed_experts
-            if behavior_pass:
-                if micro.old_logp is None:  # μ = this lag-0 forward, detached: the recompute itself
-                    micro.old_logp = logp.detach()
-                behavior.append(behavior_metrics(micro, logp.detach(), entropy))
-            out = self._loss(micro, logp, normalizer)
+            logp, entropy = self._logprobs(micro, with_entropy=staged.shared_pass)  # replays micro.routed_experts
+            old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()  # lag 0: the recompute itself
+            if staged.shared_pass:
+                behavior.append(behavior_rows(micro.rollout_logp, logp.detach(), entropy, micro.response_mask))
+            out = self._loss(micro, logp, old_logp, normalizer)
             out.loss.backward()
             loss_sum = loss_sum + out.loss.detach()
-            metrics.append(out.metrics)
-            log_w = ((logp.detach() - micro.old_logp) * micro.response_mask).sum(dim=-1)  # [b]
-            rows["log_w"].append(log_w)
-            rows["weight"].append(out.seq_weight if out.seq_weight is not None else torch.full_like(log_w, math.nan))
-            rows["old_logp"].append(micro.old_logp)
-        if mb.old_logp is None:
-            mb.old_logp = torch.cat(rows["old_logp"]).cpu()  # [b, T]
+            loss_rows.append({k: v for k, v in out.rows.items() if k not in ENGINE_GAP_ROWS})
+            weights.append(out.seq_weight)
+        rows = concat_rows(loss_rows)
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        reduced = reduce_metrics(metrics + behavior)
-        reduced.update({"loss/total": loss_sum, "optim/grad_norm": grad_norm, "optim/grad_norm_max": grad_norm,
-                        "optim/lr": self.scheduler.get_last_lr()[0]})
-        reduced = to_floats(reduced)  # the update's one host sync
-        per_row = {"log_w": torch.cat(rows["log_w"]).cpu(), "weight": torch.cat(rows["weight"]).float().cpu()}
-        if not (math.isfinite(reduced["loss/total"]) and math.isfinite(reduced["optim/grad_norm"])):
-            return self._skip(reduced, per_row)
+        metrics = {**summarize(rows), "loss/total": loss_sum, "optim/grad_norm": grad_norm,
+                   "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0]}
+        metrics = to_floats(metrics)  # the update's one host sync
+        result = dict(behavior_rows=concat_rows(behavior), lags=self.version - item.batch.versions,
+                      log_w=rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
+        if not (math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["optim/grad_norm"])):
+            return self._skip(metrics, result)
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0
-        reduced["optim/n_skipped"] = 0.0
-        return UpdateResult(reduced, skipped=False, **per_row)
+        metrics["optim/n_skipped"] = 0.0
+        return UpdateResult(metrics, skipped=False, **result)
 
-    def _loss(self, micro: TrainBatch, logp: Tensor, normalizer: float):
+    def _loss(self, micro: TrainBatch, logp: Tensor, old_logp: Tensor, normalizer: float):
         """The loss of one micro-batch (on the learner's device) given its log-probs [b, T]."""
-        # the engine's log-probs reach the loss only for its rollout correction; the engine-vs-trainer gap
-        # itself is logged once, as mismatch/* (the behavior pass), not again as the loss's rollout/k1, k3
         correct = self.loss_cfg.rollout_correction.mode != "none"
-        out = self.spec.fn(logp, micro.old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
-                           normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
-        out.metrics = {k: v for k, v in out.metrics.items() if k not in ("rollout/k1", "rollout/k3")}
-        return out
+        return self.spec.fn(logp, old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
+                            normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
 
-    def _skip(self, metrics: dict[str, float], rows: dict[str, Tensor]) -> UpdateResult:
+    def _skip(self, metrics: dict[str, float], result: dict) -> UpdateResult:
         """Drop the gradient of a non-finite step: the weights and optimizer state stay untouched."""
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_a_row += 1
@@ -229,12 +230,12 @@ class Learner:
             raise NonFiniteError(f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
                                  f"(loss={metrics['loss/total']}, grad_norm={metrics['optim/grad_norm']}); "
                                  "stopping. The last checkpoint holds the weights before them.")
-        return UpdateResult(metrics, skipped=True, **rows)
+        return UpdateResult(metrics, skipped=True, **result)
 
     def _normalizer(self, mb: TrainBatch) -> float:
         """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch."""
         valid = mb.response_mask > 0
-        if getattr(self.loss_cfg, "agg", "token-mean") == "token-mean":
+        if self.loss_cfg.agg == "token-mean":
             return float(max(int(valid.sum()), 1))
         return float(max(int(valid.any(dim=1).sum()), 1))
 
@@ -248,6 +249,12 @@ class Learner:
     def weights(self) -> dict[str, Tensor]:
         """The policy's weights on the CPU (what engines load and checkpoints store)."""
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def shared_weights(self):
+        """The weights in Ray's object store (async mode; Ray must be running in this process)."""
+        import ray
+
+        return ray.put(self.weights())
 
     def save_checkpoint(self, run_dir: str | Path, step: int, extra: dict, config: dict) -> Path:
         """An atomic checkpoint of the weights, the optimizer and ``extra`` (the loop's counters)."""
@@ -285,12 +292,6 @@ class Learner:
         self.nonfinite_total = state["nonfinite_total"]
 
 
-def behavior_metrics(mb: TrainBatch, logp: Tensor, entropy: Tensor) -> dict[str, Tensor]:
-    """Engine-vs-trainer mismatch on the batch's responses (the trainer's logp [b, T]) and the policy's entropy."""
-    return {**mismatch_metrics(mb.rollout_logp, logp, mb.response_mask),
-            "rollout/entropy": masked_mean(entropy, mb.response_mask)}
-
-
 def _dropout_free(model: nn.Module) -> bool:
     """No dropout anywhere (modules or config rates): a train-mode forward equals an eval-mode one."""
     config = vars(getattr(model, "config", None) or object())
@@ -311,5 +312,3 @@ def _schedule(optim: OptimConfig, total: int):
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-

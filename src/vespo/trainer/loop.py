@@ -5,11 +5,15 @@
 
     source   LocalSource (sync: one rollout batch becomes N mini-batches at one policy version) or
              RaySource (async: rollout workers, admission control, weight pushes every K updates)
-    learner  a Learner in this process, or the same behind a Ray actor (async.learner=actor)
+    learner  a Learner in this process, or the same behind a Ray actor (async.learner=actor); the one
+             owner of μ: the loop hands it each batch of items (``prepare``) before training them
 
 A *rollout step* is N = staleness.n updates: one metrics row, the unit of run.steps, checkpoints,
 evaluation and sample logs. Checkpoints fall between rollout steps (a sync source has sampled
-nothing untrained there); resuming one continues bit for bit in sync mode.
+nothing untrained there); resuming one continues bit for bit in sync mode. A step's row holds the
+rollout and engine-mismatch statistics of all its samples (formed from their rows), the loss
+diagnostics of each update combined by name (vespo.metrics.reduce_metrics), and the lag histogram
+of every row trained in it.
 
     from vespo.config import load_config
     from vespo.trainer import train
@@ -22,19 +26,23 @@ import json
 import math
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 
 from vespo.buffer import lag_stats
 from vespo.config import Config, to_dict
 from vespo.evaluation import heldout_rewards
-from vespo.metrics import reduce_metrics
+from vespo.losses import concat_rows
+from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
 from vespo.trainer.checkpoint import latest_checkpoint
-from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
-from vespo.trainer.run import Run, build_run
+from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
-from vespo.trainer.sources import SampleSource, TrainItem, build_source
+from vespo.trainer.run import Run, build_run
+from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
+from vespo.trainer.sources import LocalSource
 
 UpdateHook = Callable[["Loop"], None]
 
@@ -58,14 +66,53 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         return Loop(run, learner, source, on_update).fit(resume)
 
 
+def build_source(run: Run, learner: Learner) -> SampleSource:
+    """The sample source of run.mode: LocalSource (sync) or RaySource (async; Ray must be running)."""
+    if run.cfg.run.mode == "async":
+        from vespo.trainer.ray_source import RaySource
+
+        return RaySource(run, learner)
+    return LocalSource(run, learner)
+
+
+@dataclass
+class StepWindow:
+    """What the updates of one rollout step produced, reduced into its metrics row at the step's end."""
+
+    updates: list[dict[str, float]] = field(default_factory=list)  # each update's metrics and timings
+    rollout: list[Rows] = field(default_factory=list)  # rollout rows of the samples drawn in the step
+    behavior: list[Rows] = field(default_factory=list)  # engine-vs-trainer rows of its behaviour passes
+    lags: list[torch.Tensor] = field(default_factory=list)  # [b] per update
+    spans: list[torch.Tensor] = field(default_factory=list)  # [b] per update: versions one response spans
+    last: tuple[TrainItem, UpdateResult] | None = None
+
+    def add_items(self, items: list[TrainItem], behavior: Rows) -> None:
+        self.rollout += [item.rollout_rows for item in items]
+        self.updates += [item.perf for item in items if item.perf]
+        self.behavior.append(behavior)
+
+    def add_update(self, item: TrainItem, result: UpdateResult, seconds: float) -> None:
+        self.updates.append({**result.metrics, "perf/update_s_sum": seconds})
+        self.behavior.append(result.behavior_rows)
+        self.lags.append(result.lags)
+        self.spans.append(item.batch.versions_max - item.batch.versions)
+        self.last = (item, result)
+
+    def metrics(self, max_lag: int) -> dict[str, float]:
+        return {**reduce_metrics(self.updates), **summarize_rollout(concat_rows(self.rollout)),
+                **summarize_behavior(concat_rows(self.behavior)),
+                **lag_stats(torch.cat(self.lags), torch.cat(self.spans), max_lag)}
+
+
 class Loop:
-    def __init__(self, run: Run, learner, source: SampleSource, on_update: UpdateHook | None = None):
+    def __init__(self, run: Run, learner: Learner, source: SampleSource, on_update: UpdateHook | None = None):
         self.run, self.cfg, self.learner, self.source = run, run.cfg, learner, source
         self.on_update = on_update
         self.n = self.cfg.staleness.n
         self.total = self.cfg.total_updates
         self.updates_done = 0
         self.checkpointed_at = -1  # updates done at the last checkpoint
+        self.pending: list[TrainItem] = []  # items handed over by the source and not yet trained
         self.history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------ the run
@@ -97,56 +144,52 @@ class Loop:
     def train_steps(self, runlog: RunLog) -> str:
         """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
         with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress) as bar:
-            task = bar.add_task(self.cfg.loss.name, total=self.cfg.run.steps, completed=self.updates_done // self.n,
+            task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.updates_done // self.n,
                                 status="")
-            window, t_step = [], time.perf_counter()
+            window, t_step = StepWindow(), time.perf_counter()
             while self.updates_done < self.total:
-                item, metrics = self.train_one()
-                window.append(metrics)
+                self.train_one(window)
                 if self.updates_done % self.n:
                     continue
-                row = self.end_step(runlog, window, item, time.perf_counter() - t_step)
+                row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
-                window, t_step = [], time.perf_counter()
+                window, t_step = StepWindow(), time.perf_counter()
                 if stop.requested:
                     if self.checkpointed_at != self.updates_done:
                         self.checkpoint()
                     return "interrupted"
         return "done"
 
-    def train_one(self) -> tuple[TrainItem, dict[str, float]]:
-        """One mini-batch from the source, one update; that update's metrics."""
+    def train_one(self, window: StepWindow) -> None:
+        """One update on the next item (asking the source for more, and the learner to prepare them, first)."""
         t0 = time.perf_counter()
-        item = self.source.next()
-        batch = item.batch
-        lags = self.learner.version - batch.versions  # [b] versions the policy moved since the oldest token
-        spans = batch.versions_max - batch.versions  # [b] versions one response spans (partial rollouts)
-        result = self.learner.update(batch, behavior_pass=item.behavior_pass)
+        if not self.pending:
+            self.pending = self.source.next()
+            window.add_items(self.pending, self.learner.prepare(self.pending))
+        item = self.pending.pop(0)
+        result = self.learner.update(item)
         self.updates_done += 1
         self.source.after_update(self.learner.version)
-        item.lags, item.log_w, item.weight = lags, result.log_w, result.weight
-        metrics = {**item.metrics, **result.metrics, **lag_stats(lags, spans, self.source.max_lag),
-                   "perf/update_s_sum": time.perf_counter() - t0}
+        window.add_update(item, result, time.perf_counter() - t0)
         if self.on_update is not None:
             self.on_update(self)
-        return item, metrics
 
-    def end_step(self, runlog: RunLog, window: list[dict[str, float]], last: TrainItem, seconds: float) -> dict:
+    def end_step(self, runlog: RunLog, window: StepWindow, seconds: float) -> dict:
         """Reduce the step's metrics once, log them (and samples), evaluate and checkpoint on schedule."""
         step = self.updates_done // self.n
-        row = reduce_metrics(window)
+        row = window.metrics(self.source.max_lag)
         tokens = row.get("rollout/n_tokens", 0.0)
         row.update({"policy/version": float(self.learner.version), "perf/step_s": seconds,
                     "perf/tokens_per_s": tokens / max(seconds, 1e-9)})
         if "perf/learner_idle_s_sum" in row:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
-        row.update(getattr(self.source, "step_metrics", dict)())
+        row.update(self.source.step_metrics())
         run = self.cfg.run
         if run.eval_every and step % run.eval_every == 0:
             row.update({f"eval/{k}": v for k, v in self.evaluate().items()})
         runlog.log(step, row)
-        if run.log_samples_every and step % run.log_samples_every == 0:
-            runlog.log_samples(step, sample_rows(self.run, last, run.samples_per_log))
+        if run.log_samples_every and step % run.log_samples_every == 0 and window.last is not None:
+            runlog.log_samples(step, sample_rows(self.run, *window.last, run.samples_per_log))
         self.history.append(row)
         if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.total:
             self.checkpoint()
@@ -179,7 +222,7 @@ class Loop:
     def _checkpoint_safely(self) -> None:
         """On an error or abort: a checkpoint, where the source can describe the run (the local source
         between rollout steps; the Ray source after any update, by its tickets)."""
-        if not self.source.checkpointable() or self.checkpointed_at == self.updates_done:
+        if (self.pending and not self.source.checkpointable()) or self.checkpointed_at == self.updates_done:
             return
         try:
             path = self.checkpoint()
@@ -223,7 +266,7 @@ class Loop:
         }
 
 
-def sample_rows(run: Run, item: TrainItem, n: int) -> list[dict]:
+def sample_rows(run: Run, item: TrainItem, result: UpdateResult, n: int) -> list[dict]:
     """A few rows of one mini-batch as a user reads them: prompt, completion, reward, advantage, lag, log W,
     and the loss's weight on the row (VESPO: phi(W); None where the advantage is 0)."""
     from vespo.rollout.text import decode_responses
@@ -238,9 +281,9 @@ def sample_rows(run: Run, item: TrainItem, n: int) -> list[dict]:
             "completion": texts[i],
             "reward": float(b.rewards[i]),
             "advantage": float(b.advantages[i]),
-            "lag": int(item.lags[i]),
-            "log_w": float(item.log_w[i]),
-            "weight": _finite_or_none(float(item.weight[i])),
+            "lag": int(result.lags[i]),
+            "log_w": float(result.log_w[i]),
+            "weight": _finite_or_none(float(result.weight[i])),
             "truncated": bool(b.truncated[i]),
         })
     return rows

@@ -2,7 +2,7 @@
 
     loop + learner (driver, or a Ray actor)            rollout workers (Ray actors, vespo.trainer.workers)
     ---------------------------------------            ---------------------------------------------------
-    next(): the mini-batch of ticket t, μ set   <----   wait for admission (staleness bound)
+    next(): the mini-batch of ticket t          <----   wait for admission (staleness bound)
     after_update(): every K = sync_every               generate chunk_tokens at a time, loading newer
       updates, weights -> object store -> workers ---->  weights between chunks (partial rollouts)
                                                        score, advantage -> TrainBatch
@@ -13,8 +13,8 @@ stream and hands it to the least busy worker; workers may finish out of order, t
 tickets strictly in order (``buffer.TicketQueue``). A worker starts ticket t only with weights
 recent enough that every row's lag (learner version at train time - oldest token version) stays
 <= ``async.max_staleness`` (``buffer.StalenessBound``): staleness is bounded by making rollout
-wait, never by discarding samples. μ is the engine's own log-probs (staleness.behavior=rollout),
-so the importance weight carries staleness and engine mismatch together.
+wait, never by discarding samples. The learner takes μ from the engine's own log-probs
+(staleness.behavior=rollout), so the importance weight carries staleness and engine mismatch together.
 
 A crashed worker is restarted by Ray (``async.max_restarts``); the source sends it the newest
 weights and resubmits its unfinished tickets. RUN_DIR/versions.jsonl records, per update, the
@@ -38,9 +38,10 @@ from vespo.buffer import StalenessBound, TicketQueue
 from vespo.config import AsyncConfig, to_dict
 from vespo.data import PromptStream
 from vespo.rollout.base import SamplingParams
-from vespo.trainer.producer import PromptBatch, RolloutProducer
+from vespo.trainer.producer import PromptBatch, PromptSampler
+from vespo.trainer.protocols import Learner, TrainItem
 from vespo.trainer.run import Run
-from vespo.trainer.sources import TrainItem, step_seed
+from vespo.trainer.sources import step_seed
 from vespo.trainer.workers import remote_worker_class
 from vespo.types import Problem
 
@@ -80,16 +81,14 @@ def ray_session(a: AsyncConfig) -> Iterator[None]:
 class RaySource:
     """Async mode's sample source (see the module docstring)."""
 
-    def __init__(self, run: Run, learner):
+    def __init__(self, run: Run, learner: Learner):
         self.run, self.cfg, self.learner = run, run.cfg, learner
         self.a = run.cfg.async_
         self.max_lag = self.a.max_staleness
-        self.share_behavior = learner.shares_behavior_forward(run.cfg.rollout.router_replay)
         self.bound = StalenessBound(self.a.max_staleness)
         self.total = run.cfg.total_updates
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
-        self.prompts = RolloutProducer(None, run.tokenizer, self.stream, run.rewards, run.sampling,
-                                       run.cfg.rollout.group_size, run.cfg.advantage)  # draws and encodes prompts
+        self.prompts = PromptSampler(run.tokenizer, self.stream, run.cfg.rollout.group_size)
         self.queue = TicketQueue()
         self.workers: list = []
         self.inflight: dict[ray.ObjectRef, Ticket] = {}
@@ -109,23 +108,15 @@ class RaySource:
         self._open_versions_log(first_update)
         self.start_workers()
 
-    def next(self) -> TrainItem:
-        """Wait for the next ticket; its mini-batch with μ = the engine's log-probs."""
-        t0 = time.perf_counter()
+    def next(self) -> list[TrainItem]:
+        """Wait for the next ticket; its mini-batch (rows may span policy versions)."""
         self.fill()
         idle = self.wait_for_next()
         depth = self.queue.depth - 1  # finished mini-batches waiting behind this one
-        ticket, (batch, metrics) = self.queue.pop()
-        # μ is the engine's; the trainer's pass (mismatch metrics) runs on the weights the update uses,
-        # so when the learner can, the update's own forward is that pass (one forward fewer)
-        batch.old_logp = batch.rollout_logp
-        if not self.share_behavior:
-            [batch], behavior = self.learner.prepare([batch], self.cfg.behavior, self.cfg.rollout.router_replay)
-            metrics = {**metrics, **behavior}
+        ticket, (batch, rows, perf) = self.queue.pop()
         self._record_versions(ticket, batch)
-        metrics = {**metrics, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth),
-                   "perf/wait_and_mu_s_sum": time.perf_counter() - t0}
-        return TrainItem(ticket, batch, metrics, behavior_pass=self.share_behavior)
+        perf = {**perf, "perf/learner_idle_s_sum": idle, "perf/queue_depth_max": float(depth)}
+        return [TrainItem(ticket, batch, sampled_version=None, rollout_rows=rows, perf=perf)]
 
     def after_update(self, version: int) -> None:
         if version % self.a.sync_every == 0 and version > self.pushed[0]:
@@ -184,7 +175,7 @@ class RaySource:
 
     def push_weights(self) -> None:
         """Put the learner's weights in the object store once; every worker fetches them."""
-        self.weights_ref = publish_weights(self.learner)
+        self.weights_ref = self.learner.shared_weights()
         version = self.learner.version
         self.pushed = (version, self.queue.next_ticket - version)
         for w in self.workers:
@@ -238,13 +229,13 @@ class RaySource:
     def collect(self, ref: ray.ObjectRef) -> None:
         ticket = self.inflight.pop(ref)
         try:
-            index, batch, metrics = ray.get(ref)
+            index, batch, rows, perf = ray.get(ref)
         except RayActorError as e:
             self.restart(ticket, e)
             return
         except RayTaskError as e:
             raise WorkerError(f"rollout worker {ticket.worker} failed on ticket {ticket.index}: {e}") from e
-        self.queue.put(index, (batch, metrics))
+        self.queue.put(index, (batch, rows, perf))
 
     def restart(self, failed: Ticket, error: Exception) -> None:
         """A worker process died: wait for Ray to restart it, send it weights, resubmit its tickets."""
@@ -303,13 +294,6 @@ class RaySource:
                "versions_max": batch.versions_max.tolist()}
         self.versions_file.write(json.dumps(row) + "\n")
         self.versions_file.flush()
-
-
-def publish_weights(learner) -> ray.ObjectRef:
-    """The learner's weights in Ray's object store (put by the learner's own process when it is an actor)."""
-    if hasattr(learner, "weights_ref"):
-        return learner.weights_ref()
-    return ray.put(learner.weights())
 
 
 def _complete_lines(path: Path) -> list[str]:

@@ -4,10 +4,10 @@
                                       # async.learner=actor: RemoteLearner, the same Learner in a Ray
                                       # actor with async.learner_num_cpus / _num_gpus (a cluster's GPU node)
 
-``RemoteLearner`` has the Learner's interface (prepare, update, weights_ref, version, checkpoints,
-policy directory), so the training loop and the sample sources do not know where it runs. Only
-mini-batches, metrics and (once per push) an object-store reference to the weights cross the
-process boundary; checkpoints are written by the actor, into run.out_dir as seen from its node.
+``RemoteLearner`` satisfies the same ``Learner`` protocol (vespo.trainer.protocols), so the training
+loop and the sample sources do not know where it runs. Only items, results and (once per push) an
+object-store reference to the weights cross the process boundary; checkpoints are written by the
+actor, into run.out_dir as seen from its node.
 """
 
 from __future__ import annotations
@@ -16,21 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from vespo.config import Config, from_dict, to_dict, validate
-from vespo.trainer.learner import Learner, UpdateResult
+from vespo.trainer.learner import Learner
+from vespo.trainer.protocols import Learner as LearnerProtocol
+from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
 from vespo.trainer.run import Run
-from vespo.types import TrainBatch
 
 
 def make_learner(cfg: Config, policy) -> Learner:
     """The Learner of a config, on model.device."""
     from vespo.models.device import resolve_device
 
-    return Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, cfg.total_updates,
-                   temperature=cfg.rollout.temperature, max_nonfinite=cfg.run.max_nonfinite_steps,
-                   device=resolve_device(cfg.model.device), autocast=cfg.model.autocast, compile=cfg.run.compile)
+    return Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, cfg.total_updates, behavior=cfg.behavior,
+                   replay=cfg.rollout.router_replay, temperature=cfg.rollout.temperature,
+                   max_nonfinite=cfg.run.max_nonfinite_steps, device=resolve_device(cfg.model.device),
+                   autocast=cfg.model.autocast, compile=cfg.run.compile)
 
 
-def build_learner(run: Run):
+def build_learner(run: Run) -> LearnerProtocol:
     """A local Learner, or a RemoteLearner when async.learner=actor (Ray must be running)."""
     if run.cfg.run.mode == "async" and run.cfg.async_.learner == "actor":
         return RemoteLearner(run)
@@ -53,19 +55,14 @@ class LearnerActor:
         self.learner = make_learner(cfg, policy)
         self.tokenizer = tokenizer
 
-    def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
-        return self.learner.prepare(batches, behavior, replay)
+    def prepare(self, items: list[TrainItem]) -> Rows:
+        return self.learner.prepare(items)
 
-    def update(self, batch: TrainBatch, behavior_pass: bool = False) -> tuple[UpdateResult, int]:
-        return self.learner.update(batch, behavior_pass), self.learner.version
+    def update(self, item: TrainItem) -> tuple[UpdateResult, int]:
+        return self.learner.update(item), self.learner.version
 
-    def shares_behavior_forward(self, replay: str) -> bool:
-        return self.learner.shares_behavior_forward(replay)
-
-    def weights_ref(self) -> list:
-        import ray
-
-        return [ray.put(self.learner.weights())]  # a list, so the caller receives the reference itself
+    def shared_weights(self) -> list:
+        return [self.learner.shared_weights()]  # a list, so the caller receives the reference itself
 
     def weights(self) -> dict:
         return self.learner.weights()
@@ -85,7 +82,7 @@ class LearnerActor:
 
 
 class RemoteLearner:
-    """A Learner running in a Ray actor, behind the Learner's interface."""
+    """A Learner running in a Ray actor, behind the Learner protocol."""
 
     def __init__(self, run: Run):
         import ray
@@ -102,19 +99,16 @@ class RemoteLearner:
 
         return ray.get(ref)
 
-    def prepare(self, batches: list[TrainBatch], behavior: str, replay: str = "none"):
-        return self._get(self.actor.prepare.remote(batches, behavior, replay))
+    def prepare(self, items: list[TrainItem]) -> Rows:
+        return self._get(self.actor.prepare.remote(items))
 
-    def shares_behavior_forward(self, replay: str = "none") -> bool:
-        return self._get(self.actor.shares_behavior_forward.remote(replay))
-
-    def update(self, batch: TrainBatch, behavior_pass: bool = False) -> UpdateResult:
-        result, self.version = self._get(self.actor.update.remote(batch, behavior_pass))
+    def update(self, item: TrainItem) -> UpdateResult:
+        result, self.version = self._get(self.actor.update.remote(item))
         self.nonfinite_total += int(result.skipped)
         return result
 
-    def weights_ref(self):
-        return self._get(self.actor.weights_ref.remote())[0]
+    def shared_weights(self):
+        return self._get(self.actor.shared_weights.remote())[0]
 
     def weights(self) -> dict:
         return self._get(self.actor.weights.remote())

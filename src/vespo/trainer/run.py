@@ -63,11 +63,22 @@ def build_run(cfg: Config, log=print) -> Run:
     torch.manual_seed(cfg.run.seed)
     policy, tokenizer = build_policy(cfg)
     task, train, held_out = build_data(cfg)
+    sampling = build_sampling(cfg, task)
     ws_stats: dict[str, float] = {}
     if cfg.warmstart.enabled and task is not None and cfg.warmstart.steps > 0:
-        ws_stats = warm_start(policy, tokenizer, task, cfg, log=log)
-    return Run(cfg, policy, tokenizer, task, train, held_out, build_sampling(cfg, task), build_scorer(cfg, task),
-               ws_stats)
+        ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
+    check_routing_source(cfg, policy)
+    return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats)
+
+
+def check_routing_source(cfg: Config, policy: PreTrainedModel) -> None:
+    """R3 replays the engine's routing: refuse at start-up, in both modes, an engine that cannot report it."""
+    from vespo.models import is_moe
+
+    if cfg.rollout.router_replay == "r3" and is_moe(policy) and cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.router_replay=r3 needs the rollout engine's expert routing, which "
+                          f"rollout.engine={cfg.rollout.engine} does not report; use rollout.engine=hf or "
+                          "rollout.router_replay=r2 (sync mode), see docs/router_replay.md")
 
 
 def build_policy(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -16,10 +16,13 @@ from safetensors.torch import load_file, save_file
 
 from vespo.config import Config, to_dict
 from vespo.models import encode_prompt, response_logprobs
+from vespo.rollout.base import SamplingParams
 
 
-def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) -> dict[str, float]:
-    """Train ``model`` in place on the task's reference completions (or load the cached result)."""
+def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, sampling: SamplingParams,
+               log=print) -> dict[str, float]:
+    """Train ``model`` in place on the task's reference completions (or load the cached result); ``sampling``
+    is the rollout's, with which the accuracy target (if any) is measured."""
     ws = cfg.warmstart
     path = _cache_path(cfg)
     if path.is_file():
@@ -27,7 +30,7 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, log=print) 
         log(f"warm start: loaded cached weights {path}")
         return json.loads(path.with_suffix(".json").read_text())
     problems = task.generate(ws.steps * ws.batch_size, seed=10_000 + cfg.run.seed)  # disjoint from RL's seed
-    probe = AccuracyProbe(model, tokenizer, task, cfg) if ws.target_accuracy > 0 else None
+    probe = AccuracyProbe(model, tokenizer, task, cfg, sampling) if ws.target_accuracy > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr)
     model.train()
     loss, steps, accuracy = torch.zeros(()), 0, None  # accuracy is measured only with a target
@@ -63,17 +66,16 @@ class AccuracyProbe:
     """Sampled accuracy of the model being warm-started, on fixed held-out problems (the held-out
     evaluation of training, on its own problems)."""
 
-    def __init__(self, model, tokenizer, task, cfg: Config, n: int = 128):
+    def __init__(self, model, tokenizer, task, cfg: Config, sampling: SamplingParams, n: int = 128):
         from vespo.rewards import RewardScorer
         from vespo.rollout import HFEngine, TextGenerator
-        from vespo.trainer.run import build_sampling
 
         self.engine = HFEngine(model, tokenizer)
         self.model = model
         self.generate = TextGenerator(self.engine, tokenizer)
         self.problems = task.generate(n, seed=20_000 + cfg.run.seed)
         self.scorer = RewardScorer(task.reward, num_workers=0)
-        self.sampling = build_sampling(cfg, task)
+        self.sampling = sampling
         self.seed = cfg.run.seed
 
     @torch.no_grad()

@@ -28,7 +28,7 @@ import torch
 from vespo.buffer import StalenessBound
 from vespo.config import from_dict, validate
 from vespo.rollout.text import decode_responses
-from vespo.trainer.producer import PromptBatch, RolloutProducer
+from vespo.trainer.producer import PromptBatch, RolloutScorer
 from vespo.types import TrainBatch
 
 
@@ -48,8 +48,9 @@ class RolloutWorker:
         del policy
         self.tokenizer = tok
         self.scorer = build_scorer(cfg, build_task(cfg))
-        self.producer = RolloutProducer(self.engine, tok, None, lambda c, t: self.scorer.score(c, t).rewards,
-                                        sampling, cfg.rollout.group_size, cfg.advantage)
+        self.rollout_scorer = RolloutScorer(tok, lambda c, t: self.scorer.score(c, t).rewards, cfg.rollout.group_size,
+                                            cfg.advantage)
+        self.sampling = sampling
         self._cv = threading.Condition()
         self._pending: tuple[dict, int, int] | None = None  # newest undelivered (weights, version, skipped)
         self.version = -1  # weights version loaded in the engine; -1 = none yet
@@ -73,22 +74,22 @@ class RolloutWorker:
     # ------------------------------------------------------------ generation (group "rollout")
 
     @ray.method(concurrency_group="rollout")
-    def rollout(self, ticket: int, prompts: PromptBatch, seed: int) -> tuple[int, TrainBatch, dict[str, float]]:
-        """Admit, generate in chunks across weight updates, score. Returns (ticket, batch, metrics)."""
+    def rollout(self, ticket: int, prompts: PromptBatch, seed: int) -> tuple[int, TrainBatch, dict, dict[str, float]]:
+        """Admit, generate in chunks across weight updates, score. Returns (ticket, batch, rollout rows, perf)."""
         t0 = time.perf_counter()
         self._admit(ticket)
         t1 = time.perf_counter()
-        state = self.engine.start(prompts.prompt_ids, self.producer.sampling, seed=seed)
+        state = self.engine.start(prompts.prompt_ids, self.sampling, seed=seed)
         reloads = 0
         while not self.engine.advance(state, self.chunk_tokens):
             reloads += self._load_pending()
         rollout = self.engine.finish(state)
         gen_s = time.perf_counter() - t1
-        batch, metrics = self.producer.score(prompts, rollout)
+        batch, rows, info = self.rollout_scorer.score(prompts, rollout)
         tokens = float(rollout.response_mask.sum())
-        metrics.update({"perf/rollout_s": gen_s, "perf/rollout_tokens_per_s": tokens / max(gen_s, 1e-9),
-                        "perf/admission_wait_s": t1 - t0, "async/reloads_mid_rollout": float(reloads)})
-        return ticket, batch, metrics
+        perf = {**info, "perf/rollout_s": gen_s, "perf/rollout_tokens_per_s": tokens / max(gen_s, 1e-9),
+                "perf/admission_wait_s": t1 - t0, "async/reloads_mid_rollout": float(reloads)}
+        return ticket, batch, rows, perf
 
     @ray.method(concurrency_group="rollout")
     def complete(self, prompt_ids: list[list[int]], n: int, sampling: Any, seed: int, version: int) -> list[list[str]]:
