@@ -89,9 +89,10 @@ def random_experts(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 # ------------------------------------------------------------------ self-replay and the counter
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_replaying_own_routing_gives_the_free_logprobs_exactly(tok, arch):
-    model = family_model(arch, tok)
+def test_replaying_own_routing_gives_the_free_logprobs_exactly(tok, arch, dtype):
+    model = family_model(arch, tok).to(dtype)
     batch = ragged_batch(len(tok))
     own = own_routing(model, batch)  # [B, P+T, L, K]
     L = len(moe_routers(model))
@@ -148,9 +149,11 @@ def oracle_gate(arch: str, router, z: torch.Tensor, experts: torch.Tensor) -> to
     Written from each family's published gate (the transformers modeling code), with exp and
     sums spelled out: p = softmax over all E, s = logistic sigmoid.
     """
+    def chosen(t: torch.Tensor) -> torch.Tensor:  # t [N, E] -> its entries at each token's experts [N, K]
+        return torch.stack([t[n, experts[n]] for n in range(t.shape[0])])
+
     p = torch.exp(z - z.max(-1, keepdim=True).values)
     p = p / p.sum(-1, keepdim=True)  # [N, E]
-    chosen = lambda t: torch.stack([t[n, experts[n]] for n in range(t.shape[0])])  # noqa: E731  [N, K]
     if arch in ("qwen2_moe", "qwen3_moe", "olmoe"):  # softmax, renormalised when norm_topk_prob
         w = chosen(p)
         return w / w.sum(-1, keepdim=True) if router.norm_topk_prob else w
@@ -244,7 +247,9 @@ def test_the_engine_records_the_routing_of_a_full_forward(tok, arch):
         replayed, _ = response_logprobs(model, *batch, routed_experts=routed)
         free, _ = response_logprobs(model, *batch)
     assert torch.equal(replayed, free)
-    assert int(count.forced) * 2 == int(count.routed)  # one replayed forward, one free
+    tokens = rollout.prompt_mask.sum(1) + rollout.response_mask.sum(1)  # [B] real tokens per row
+    counted = int((tokens - 1).sum())  # per layer and forward: each row's real tokens but its last
+    assert int(count.routed) == 2 * len(moe_routers(model)) * counted == 2 * int(count.forced)
 
 
 # ------------------------------------------------------------------ what replay refuses

@@ -17,8 +17,8 @@ from vespo.models.tokenizer import build_char_tokenizer, char_vocab
 
 __all__ = [
     "ARCHS",
-    "ReplayCount",
     "SIZES",
+    "ReplayCount",
     "build_char_tokenizer",
     "build_model",
     "char_vocab",

@@ -43,9 +43,15 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     Raises ``ModelError`` naming the class when the model holds a router or MoE block of a family
     replay does not know: replaying around it would silently do nothing.
     """
-    routers = [(name, m) for name, m in model.named_modules() if family_of(m) is not None]
-    _check_known(model, [name for name, _ in routers])
-    return [m for _, m in routers]
+    return [router for router, _ in _routers(model)]
+
+
+def _routers(model: nn.Module) -> list[tuple[nn.Module, MoEFamily]]:
+    """(router, its family) of every MoE layer, in layer order; an unknown MoE raises."""
+    named = [(name, m, family_of(m)) for name, m in model.named_modules()]
+    known = [(name, m, family) for name, m, family in named if family is not None]
+    _check_known(model, [name for name, _, _ in known])
+    return [(m, family) for _, m, family in known]
 
 
 def is_moe(model: nn.Module) -> bool:
@@ -83,12 +89,6 @@ def _check_eager(model: nn.Module, what: str) -> None:
                          "the routing hooks; run eager (run.compile=false)")
 
 
-def _family(router: nn.Module) -> MoEFamily:
-    family = family_of(router)
-    assert family is not None  # moe_routers returns known routers only
-    return family
-
-
 # ------------------------------------------------------------------ record
 
 
@@ -99,7 +99,7 @@ def record_routing(model: nn.Module) -> Iterator[list[Tensor | None]]:
     A hook registered before this one (e.g. an enclosing ``replay_routing``) has already
     replaced the router's output, so the record is what the experts were given.
     """
-    routers = moe_routers(model)
+    routers = _routers(model)
     if routers:
         _check_eager(model, "recording the routing")
     records: list[Tensor | None] = [None] * len(routers)
@@ -109,7 +109,7 @@ def record_routing(model: nn.Module) -> Iterator[list[Tensor | None]]:
             records[layer] = family.output.indices(output).detach()  # [N, K]
         return hook
 
-    handles = [r.register_forward_hook(hook_for(i, _family(r))) for i, r in enumerate(routers)]
+    handles = [r.register_forward_hook(hook_for(i, family)) for i, (r, family) in enumerate(routers)]
     try:
         yield records
     finally:
@@ -216,7 +216,7 @@ def replay_routing(model: nn.Module, experts: Tensor) -> Iterator[ReplayCount]:
     flows into the router, and replaying a forward's own record reproduces that forward bit for
     bit. Yields the ``ReplayCount`` of the forwards inside the block.
     """
-    routers = moe_routers(model)
+    routers = _routers(model)
     if experts.dim() != 4 or experts.shape[2] != len(routers):
         raise ValueError(f"routed_experts must be [B, S, L={len(routers)}, K]; got {tuple(experts.shape)}")
     if routers:
@@ -236,7 +236,7 @@ def replay_routing(model: nn.Module, experts: Tensor) -> Iterator[ReplayCount]:
         return hook
 
     with count_replay(model) as count:
-        handles = [r.register_forward_hook(hook_for(i, _family(r))) for i, r in enumerate(routers)]
+        handles = [r.register_forward_hook(hook_for(i, family)) for i, (r, family) in enumerate(routers)]
         try:
             yield count
         finally:
