@@ -31,7 +31,8 @@ from vespo.models import (
 from vespo.models.moe import NO_RECORD, stack_routing
 from vespo.rollout import HFEngine, SamplingParams
 
-FAMILIES = ["qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4_moe"]
+FAMILIES = ["qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "olmoe", "flex_olmo", "mixtral", "gpt_oss",
+            "deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"]
 E, K = 8, 2  # experts, experts per token (every tiny MoE)
 
 
@@ -154,10 +155,10 @@ def oracle_gate(arch: str, router, z: torch.Tensor, experts: torch.Tensor) -> to
 
     p = torch.exp(z - z.max(-1, keepdim=True).values)
     p = p / p.sum(-1, keepdim=True)  # [N, E]
-    if arch in ("qwen2_moe", "qwen3_moe", "olmoe"):  # softmax, renormalised when norm_topk_prob
+    if arch in ("qwen2_moe", "qwen3_moe", "qwen3_next", "olmoe", "flex_olmo"):  # softmax, renormalised if norm_topk_prob
         w = chosen(p)
         return w / w.sum(-1, keepdim=True) if router.norm_topk_prob else w
-    if arch == "mixtral":  # softmax, always renormalised over the K
+    if arch in ("mixtral", "qwen3_5_moe"):  # softmax, always renormalised over the K
         w = chosen(p)
         return w / w.sum(-1, keepdim=True)
     if arch == "gpt_oss":  # softmax over the K chosen logits only
@@ -165,7 +166,7 @@ def oracle_gate(arch: str, router, z: torch.Tensor, experts: torch.Tensor) -> to
         return c / c.sum(-1, keepdim=True)
     if arch == "deepseek_v2":  # softmax x scaling, no renormalisation
         return chosen(p) * router.routed_scaling_factor
-    if arch in ("deepseek_v3", "glm4_moe"):  # sigmoid, renormalised, x scaling; the bias only selects
+    if arch in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"):  # sigmoid, renormalised, x scaling
         s = chosen(1.0 / (1.0 + torch.exp(-z)))
         s = s / s.sum(-1, keepdim=True) if router.norm_topk_prob else s
         return s * router.routed_scaling_factor

@@ -2,9 +2,10 @@
 
 Dense (Qwen3, Llama) and mixture-of-experts models at a few preset sizes, in float32, for
 tests, demos and the lab. The MoE architectures are one per family router replay supports
-(``vespo.models.moe_families``): qwen3_moe (the lab's), qwen2_moe, mixtral, olmoe, gpt_oss,
-deepseek_v2, deepseek_v3, glm4_moe, each with 8 experts, top-2, and its family's typical
-gate options (``MOE_FIELDS``). Parameter counts with the 57-token character vocabulary:
+(``vespo.models.moe_families``): qwen3_moe (the lab's), qwen2_moe, qwen3_next, qwen3_5_moe,
+olmoe, flex_olmo, mixtral, gpt_oss, deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, dots1,
+each with 8 experts, top-2, and its family's typical gate options (``MOE_FIELDS``); the hybrid
+ones (qwen3_next, qwen3_5_moe) alternate gated delta-net and full attention layers. Parameter counts with the 57-token character vocabulary:
 
     size   hidden  layers  heads/kv  head_dim  intermediate   dense params   moe (8 experts, top-2)
     nano       64       2      4/2        16           128          ~0.08M   ~0.2M
@@ -27,8 +28,14 @@ from transformers import (
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Dots1Config,
+    Dots1ForCausalLM,
+    FlexOlmoConfig,
+    FlexOlmoForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     LlamaConfig,
@@ -42,10 +49,14 @@ from transformers import (
     PreTrainedTokenizerBase,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 SIZES: dict[str, dict[str, int]] = {
@@ -70,6 +81,11 @@ ARCHS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
     "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
+    "qwen3_5_moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM),
+    "flex_olmo": (FlexOlmoConfig, FlexOlmoForCausalLM),
+    "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+    "dots1": (Dots1Config, Dots1ForCausalLM),
 }
 
 MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1)
@@ -81,6 +97,18 @@ def _mla(f: dict[str, Any]) -> dict[str, Any]:
     return dict(num_key_value_heads=f["num_attention_heads"], kv_lora_rank=2 * d, q_lora_rank=None,
                 qk_nope_head_dim=d // 2, qk_rope_head_dim=d // 2, head_dim=d // 2, v_head_dim=d,
                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+
+
+def _alternating(f: dict[str, Any], first: str) -> list[str]:
+    """Layer types alternating ``first`` and full attention, one per layer."""
+    return [first if i % 2 == 0 else "full_attention" for i in range(f["num_hidden_layers"])]
+
+
+def _linear_attention(f: dict[str, Any]) -> dict[str, Any]:
+    """Gated delta-net layers (Qwen3-Next, Qwen3.5) alternating with full attention, at the preset's head size."""
+    d, heads, kv = f["head_dim"], f["num_attention_heads"], f["num_key_value_heads"]
+    return dict(layer_types=_alternating(f, "linear_attention"), linear_num_value_heads=heads,
+                linear_num_key_heads=kv, linear_key_head_dim=d, linear_value_head_dim=d)
 
 
 MOE_FIELDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {  # arch: preset fields -> its MoE fields
@@ -103,6 +131,20 @@ MOE_FIELDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {  # arch: p
     "glm4_moe": lambda f: dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                                moe_intermediate_size=f["intermediate_size"] // 2, first_k_dense_replace=1,
                                n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5),
+    "qwen3_next": lambda f: dict(_linear_attention(f), num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                 moe_intermediate_size=f["intermediate_size"] // 2,
+                                 shared_expert_intermediate_size=f["intermediate_size"] // 2),
+    "qwen3_5_moe": lambda f: dict(_linear_attention(f), num_experts=8, num_experts_per_tok=2,
+                                  moe_intermediate_size=f["intermediate_size"] // 2,
+                                  shared_expert_intermediate_size=f["intermediate_size"] // 2),
+    "flex_olmo": lambda f: dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                                intermediate_size=f["intermediate_size"] // 2),
+    "glm4_moe_lite": lambda f: dict(_mla(f), n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                                    moe_intermediate_size=f["intermediate_size"] // 2, first_k_dense_replace=0,
+                                    n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.8),
+    "dots1": lambda f: dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                            moe_intermediate_size=f["intermediate_size"] // 2, first_k_dense_replace=1,
+                            n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5),
 }
 
 
