@@ -130,6 +130,12 @@ def test_the_counter_counts_the_positions_that_matter(tok):
         response_logprobs(model, *batch)
         response_logprobs(model, *batch, routed_experts=own)
     assert (int(count.forced), int(count.routed)) == (2 * COUNTED_PER_LAYER, 4 * COUNTED_PER_LAYER)
+    # activation checkpointing runs the layers again in the backward pass, replaying: they count once
+    model.gradient_checkpointing_enable()
+    model.train()
+    with replay_routing(model, own) as count:
+        response_hidden_states(model, *batch).sum().backward()
+    assert int(count.forced) == int(count.routed) == 2 * COUNTED_PER_LAYER
 
 
 def test_a_dense_model_has_nothing_to_replay_or_count(tok):

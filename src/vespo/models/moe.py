@@ -148,6 +148,7 @@ class ReplayCount:
 class _Tally:
     count: ReplayCount
     feeds: Tensor | None = None  # [B*S] bool, the positions of the current forward that count
+    layers_seen: set[int] = field(default_factory=set)  # MoE layers of the current forward counted so far
 
 
 _TALLIES: weakref.WeakKeyDictionary[nn.Module, list[_Tally]] = weakref.WeakKeyDictionary()
@@ -166,6 +167,7 @@ def count_replay(model: nn.Module) -> Iterator[ReplayCount]:
 
     def before_body(module: nn.Module, args: tuple, kwargs: dict) -> None:
         tally.feeds = _positions_that_count(args, kwargs)  # [B*S]
+        tally.layers_seen = set()
         tally.count.routed = tally.count.routed + layers * tally.feeds.sum()
 
     handle = _body(model).register_forward_pre_hook(before_body, with_kwargs=True) if layers else None
@@ -196,10 +198,14 @@ def _positions_that_count(args: tuple, kwargs: dict) -> Tensor:
     return (real & F.pad(real[:, 1:], (0, 1))).reshape(-1)  # [B*S]
 
 
-def _add_forced(model: nn.Module, recorded: Tensor) -> None:
-    """recorded [N] bool: the tokens a replay hook forced at one layer of the current forward."""
+def _add_forced(model: nn.Module, layer: int, recorded: Tensor) -> None:
+    """recorded [N] bool: the tokens a replay hook forced at MoE layer ``layer`` of the current forward.
+
+    A layer counts once per forward: activation checkpointing runs it again in the backward pass.
+    """
     for tally in _TALLIES.get(model, ()):
-        if tally.feeds is not None and tally.feeds.shape == recorded.shape:
+        if tally.feeds is not None and tally.feeds.shape == recorded.shape and layer not in tally.layers_seen:
+            tally.layers_seen.add(layer)
             tally.count.forced = tally.count.forced + (recorded & tally.feeds).sum()
 
 
@@ -214,7 +220,8 @@ def replay_routing(model: nn.Module, experts: Tensor) -> Iterator[ReplayCount]:
     position is recorded at all K slots or at none. The gate weights at the replayed experts are
     the family's gate rule applied to the live router logits (``moe_families``), so gradient still
     flows into the router, and replaying a forward's own record reproduces that forward bit for
-    bit. Yields the ``ReplayCount`` of the forwards inside the block.
+    bit. Yields the ``ReplayCount`` of the forwards inside the block. With activation
+    checkpointing, run the backward pass inside the block too, so that its recomputation replays.
     """
     routers = _routers(model)
     if experts.dim() != 4 or experts.shape[2] != len(routers):
@@ -231,7 +238,7 @@ def replay_routing(model: nn.Module, experts: Tensor) -> Iterator[ReplayCount]:
                                  f"the router saw {logits.shape[0]} tokens x K={indices.shape[1]}")
             recorded = flat[:, layer].to(indices.device)  # [N, K]
             forced = torch.where(recorded >= 0, recorded, indices)  # [N, K]
-            _add_forced(model, recorded[:, 0] >= 0)
+            _add_forced(model, layer, recorded[:, 0] >= 0)
             return family.output.replaced(output, family.gate_weights(module, logits, forced), forced)
         return hook
 
