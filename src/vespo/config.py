@@ -363,6 +363,10 @@ def _validate_modes(cfg: Config) -> None:
         raise ConfigError("rollout.router_replay=r2 replays the routing of the trainer's pass over the weights that "
                           "sampled the batch, which async mode does not have (rows span versions, mu is the "
                           "engine's); use rollout.router_replay=r3")
+    if cfg.run.compile and cfg.rollout.router_replay != "none":
+        raise ConfigError(f"run.compile=true cannot run with rollout.router_replay={cfg.rollout.router_replay}: "
+                          "compiled layers ignore the replay hooks; set run.compile=false (replay is a no-op on "
+                          "a dense model: there, set rollout.router_replay=none)")
     if cfg.run.mode == "sync" and cfg.async_.learner != "local":
         raise ConfigError("async.learner=actor applies to async mode (run.mode=async) only")
     for name, value in (("model.device", cfg.model.device), ("rollout.device", cfg.rollout.device)):

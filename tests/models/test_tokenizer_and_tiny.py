@@ -66,7 +66,8 @@ def test_xs_preset_and_size_range(tok):
 def test_overrides_and_bad_names(tok):
     m = tiny_model("llama", "nano", vocab_size=len(tok), num_hidden_layers=3)
     assert m.config.num_hidden_layers == 3
-    with pytest.raises(ValueError, match="unknown arch 'gpt9'; choose one of: llama, qwen3, qwen3_moe"):
+    with pytest.raises(ValueError, match="unknown arch 'gpt9'; choose one of: deepseek_v2, deepseek_v3, dots1, flex_olmo, glm4_moe, "
+                       "glm4_moe_lite, gpt_oss, llama, mixtral, olmoe, qwen2_moe, qwen3, qwen3_5_moe, qwen3_moe, qwen3_next"):
         tiny_model("gpt9", "xs", vocab_size=57)
     with pytest.raises(ValueError, match="unknown size 'xxl'"):
         tiny_model("qwen3", "xxl", vocab_size=57)

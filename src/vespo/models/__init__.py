@@ -11,18 +11,20 @@ from vespo.models.logprobs import (
     response_hidden_states,
     response_logprobs,
 )
-from vespo.models.moe import is_moe, moe_routers, record_routing, replay_routing
+from vespo.models.moe import ReplayCount, count_replay, is_moe, moe_routers, record_routing, replay_routing
 from vespo.models.tiny import ARCHS, SIZES, tiny_config, tiny_model
 from vespo.models.tokenizer import build_char_tokenizer, char_vocab
 
 __all__ = [
     "ARCHS",
     "SIZES",
+    "ReplayCount",
     "build_char_tokenizer",
     "build_model",
     "char_vocab",
     "chunked_logprobs",
     "compile_decoder_layers",
+    "count_replay",
     "encode_prompt",
     "is_moe",
     "load_policy",

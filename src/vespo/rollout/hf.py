@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from vespo.models.loading import resolve_dtype
 from vespo.models.logprobs import distinct_rows, positions_from_mask
-from vespo.models.moe import is_moe, record_routing, stack_routing
+from vespo.models.moe import is_moe, moe_routers, record_routing, stack_routing
 from vespo.rollout.base import SamplingParams, sampling_logprobs
 from vespo.types import Rollout
 
@@ -83,6 +83,8 @@ class HFEngine:
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
         self.record_routing = record_routing and is_moe(self.model)
+        if self.record_routing:
+            moe_routers(self.model)  # an MoE family router replay does not know stops here, named
         self._version = 0
 
     @property
