@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vespo.config import load_config, to_dict
 from vespo.models import build_char_tokenizer, tiny_model
 from vespo.trainer import train
-from vespo.trainer.checkpoint import latest_checkpoint, load_trained_policy, policy_from_checkpoint, save_run_policy
+from vespo.trainer.checkpoint import (latest_checkpoint, load_trained_policy, policy_from_checkpoint, policy_weights,
+                                     save_run_policy)
 
 PROMPTS = ["3+4=", "9+0=", "1+8="]
 
@@ -39,7 +40,7 @@ def trained_logits(cfg, checkpoint: Path) -> torch.Tensor:
     """Logits [3, T, V] of the trained weights as the trainer wrote them, in a model built here."""
     tok = build_char_tokenizer()
     model = tiny_model(cfg.model.arch, cfg.model.size, tokenizer=tok, seed=cfg.run.seed)
-    model.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
+    policy_weights(checkpoint, model)  # the weights the trainer checkpointed (dcp shards)
     with torch.no_grad():
         return model(**tok(PROMPTS, return_tensors="pt")).logits
 

@@ -143,8 +143,10 @@ class AsyncConfig:
                                  "(a dead Ray node, a wedged worker)", gt=0.0)
     learner: str = opt("local", "where the learner runs: local = in the driver process, actor = a Ray actor with "
                        "its own resources (e.g. the GPU node of a cluster)", choices=["local", "actor"])
-    learner_num_cpus: float = opt(1.0, "CPUs reserved for the learner actor (async.learner=actor)", ge=0.0)
-    learner_num_gpus: float = opt(0.0, "GPUs reserved for the learner actor (async.learner=actor)", ge=0.0)
+    learner_workers: int = opt(1, "learner actors (async.learner=actor): P > 1 shards the learner over P Ray actors "
+                               "that form one torch.distributed group (FSDP2)", ge=1)
+    learner_num_cpus: float = opt(1.0, "CPUs reserved for each learner actor (async.learner=actor)", ge=0.0)
+    learner_num_gpus: float = opt(0.0, "GPUs reserved for each learner actor (async.learner=actor)", ge=0.0)
 
 
 @dataclass
@@ -353,6 +355,25 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def check_world(cfg: Config, ranks: int) -> None:
+    """The batch splits evenly over ``ranks`` learner processes (``vespo train --nproc``): each rank takes
+    whole prompt groups of every mini-batch, in whole micro-batches."""
+    if ranks <= 1:
+        return
+    per_mb = cfg.prompts_per_minibatch
+    if per_mb % ranks:
+        raise ConfigError(f"{ranks} processes must divide the {per_mb} prompts of a mini-batch "
+                          f"(rollout.prompts_per_step={cfg.prompts_per_step} / staleness.n={cfg.staleness.n}): "
+                          "each rank trains whole prompt groups of every mini-batch")
+    local = per_mb // ranks * cfg.rollout.group_size
+    if cfg.optim.micro_batch_size and local % cfg.optim.micro_batch_size:
+        raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the {local} sequences "
+                          f"each of the {ranks} processes trains per mini-batch")
+    if cfg.advantage.skip_zero_variance:
+        raise ConfigError(f"advantage.skip_zero_variance drops rows, so {ranks} processes would train unequal "
+                          "shares of a mini-batch; turn it off to shard the learner")
+
+
 def _validate_modes(cfg: Config) -> None:
     """Options that mean the same in sync and async mode, or are rejected where they cannot apply."""
     if cfg.run.mode == "async" and cfg.staleness.behavior == "recompute":
@@ -369,6 +390,11 @@ def _validate_modes(cfg: Config) -> None:
                           "a dense model: there, set rollout.router_replay=none)")
     if cfg.run.mode == "sync" and cfg.async_.learner != "local":
         raise ConfigError("async.learner=actor applies to async mode (run.mode=async) only")
+    if cfg.async_.learner_workers > 1:
+        if cfg.async_.learner != "actor" or cfg.run.mode != "async":
+            raise ConfigError("async.learner_workers > 1 shards the learner actor: it needs run.mode=async and "
+                              "async.learner=actor (for a sharded sync learner use `vespo train --nproc P`)")
+        check_world(cfg, cfg.async_.learner_workers)
     for name, value in (("model.device", cfg.model.device), ("rollout.device", cfg.rollout.device)):
         if value is not None and not _is_device(value):
             raise ConfigError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")

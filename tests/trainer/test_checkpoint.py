@@ -1,6 +1,8 @@
-"""Checkpoints open with torch.load(weights_only=True): RNG streams, optimizer, scheduler and data
-cursor round-trip exactly, and a trainer.pt whose unpickling would run code is refused unopened."""
+"""Checkpoints open without running code (trainer.pt with torch.load(weights_only=True), the dcp index with an
+unpickler that admits only its metadata types): RNG streams, optimizer, scheduler and data cursor round-trip
+exactly, and a trainer.pt or an index whose unpickling would run code is refused unopened."""
 
+import pickle
 import random
 
 import numpy as np
@@ -28,7 +30,7 @@ def test_rng_states_round_trip_to_the_exact_streams(tmp_path):
     random.gauss(0, 1), np.random.normal()  # leave a cached Gaussian in both (gauss_next, has_gauss)
     assert random.getstate()[2] is not None and np.random.get_state()[3] == 1
     model = torch.nn.Linear(3, 2)
-    path = save_checkpoint(tmp_path, 1, model, {"step": 1}, config={})
+    path = save_checkpoint(tmp_path, 1, model, None, {"step": 1}, config={})
     expected = draws()
     random.seed(99), np.random.seed(99), torch.manual_seed(99)
     assert draws() != expected
@@ -61,13 +63,13 @@ def test_learner_stream_and_counters_round_trip_and_continue_identically(tmp_pat
         _optimizer_step(learner, seed)
         stream.next_batch(16)
     state = {"step": 3, "tickets": 12, "learner": learner.state_dict(), "stream": stream.state_dict()}
-    path = save_checkpoint(tmp_path, 3, model, state, config={"run": {"seed": 0}})
+    path = save_checkpoint(tmp_path, 3, learner.module, learner.optimizer, state, config={"run": {"seed": 0}})
     assert latest_checkpoint(tmp_path) == path
     torch.load(path / STATE_FILE, weights_only=True)  # the whole trainer state is plain data
 
     model2, stream2 = tiny_model("qwen3", "nano", tokenizer=tok, seed=1), PromptStream(problems, seed=7)
     learner2 = _learner(model2)
-    loaded = load_checkpoint(path, model2)
+    loaded = load_checkpoint(path, learner2.module, learner2.optimizer)
     learner2.load_state_dict(loaded["learner"])
     stream2.load_state_dict(loaded["stream"])
     assert (loaded["step"], loaded["tickets"], learner2.version) == (3, 12, 3)
@@ -91,7 +93,7 @@ class WritesAFile:
 
 def test_a_trainer_state_whose_loading_would_run_code_is_refused(tmp_path):
     model = torch.nn.Linear(3, 2)
-    path = save_checkpoint(tmp_path, 1, model, {"step": 1}, config={})
+    path = save_checkpoint(tmp_path, 1, model, None, {"step": 1}, config={})
     live, target = tmp_path / "live.pt", tmp_path / "pwned.txt"
     torch.save({"step": 1, "payload": WritesAFile(live.with_suffix(".txt"))}, live)
     torch.load(live, weights_only=False)  # the payload is real: an unsafe load runs it
@@ -106,19 +108,29 @@ def test_a_trainer_state_whose_loading_would_run_code_is_refused(tmp_path):
     assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())  # weights untouched
 
 
+def test_a_shard_index_whose_loading_would_run_code_is_refused(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    path = save_checkpoint(tmp_path, 1, model, None, {"step": 1}, config={})
+    target = tmp_path / "pwned.txt"
+    (path / "dcp" / ".metadata").write_bytes(pickle.dumps(WritesAFile(target)))
+    with pytest.raises(CheckpointError, match=r"\.metadata holds objects other than checkpoint metadata"):
+        load_checkpoint(path, torch.nn.Linear(3, 2))
+    assert not target.exists()
+
+
 def test_saving_a_state_that_would_not_load_names_the_value(tmp_path):
     model = torch.nn.Linear(3, 2)
     with pytest.raises(TypeError, match=r"trainer state.stream.cursor is a numpy.int64"):
-        save_checkpoint(tmp_path, 1, model, {"stream": {"cursor": np.int64(3)}}, config={})
+        save_checkpoint(tmp_path, 1, model, None, {"stream": {"cursor": np.int64(3)}}, config={})
     with pytest.raises(TypeError, match=r"trainer state.extra\[1\] is a numpy.ndarray"):
-        save_checkpoint(tmp_path, 1, model, {"extra": [1, np.zeros(2)]}, config={})
+        save_checkpoint(tmp_path, 1, model, None, {"extra": [1, np.zeros(2)]}, config={})
     assert latest_checkpoint(tmp_path) is None
 
 
 def test_damaged_checkpoints_and_other_models_raise_user_errors(tmp_path):
     model = torch.nn.Linear(3, 2)
-    path = save_checkpoint(tmp_path, 1, model, {"step": 1}, config={})
-    with pytest.raises(ResumeError, match=r"model.safetensors holds the weights of another model"):
+    path = save_checkpoint(tmp_path, 1, model, None, {"step": 1}, config={})
+    with pytest.raises(ResumeError, match=r"dcp holds the weights of another model"):
         load_checkpoint(path, torch.nn.Linear(4, 2))
     (path / STATE_FILE).write_bytes((path / STATE_FILE).read_bytes()[:100])
     with pytest.raises(CheckpointError, match=r"trainer.pt cannot be read"):

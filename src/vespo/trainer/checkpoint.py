@@ -2,20 +2,30 @@
 
 Layout of a run directory:
 
-    RUN_DIR/checkpoints/step-000010/  model.safetensors   the policy's weights
-                                      trainer.pt          optimizer, scheduler, RNG states, data cursor, counters
+    RUN_DIR/checkpoints/step-000010/  dcp/                the policy's weights and the optimizer's state
+                                                          (torch.distributed.checkpoint: each rank writes
+                                                          its shards, any number of ranks can read them)
+                                      trainer.pt          optimizer settings, scheduler, RNG states of every
+                                                          rank, data cursor, counters
                                       run_config.json     the run's config (plain data)
     RUN_DIR/checkpoints/latest        the name of the newest complete checkpoint
     RUN_DIR/policy/                   the policy as a Hugging Face directory (save_pretrained: config.json,
                                       model.safetensors, tokenizer files) plus run_config.json
 
+Resharding: a checkpoint written by P ranks resumes on P' ranks (2 -> 1, 1 -> 2, ...) with the
+same weights and optimizer state; with the same P it resumes bit for bit.
+
 Safe to open: ``trainer.pt`` holds tensors and plain Python values only (dict, list, tuple, str,
 int, float, bool, None; RNG states are stored as such too). ``save_checkpoint`` checks this and
-``load_checkpoint`` opens the file with ``torch.load(weights_only=True)``, so a checkpoint from
-anyone cannot execute code; one holding other objects is refused with CheckpointError.
+``load_checkpoint`` opens the file with ``torch.load(weights_only=True)``. ``dcp/`` holds tensors
+only (the optimizer's plain settings live in trainer.pt), its tensor files are read with
+``weights_only=True`` and its index with an unpickler that admits only the checkpoint's own metadata
+types (``SafeReader``), so a checkpoint from anyone cannot execute code; one holding other objects is
+refused with CheckpointError.
 
-Atomic: a checkpoint is written into ``step-XXXXXX.tmp`` and renamed into place; ``latest`` is
-replaced with ``os.replace``. A crash at any moment leaves the previous checkpoint intact.
+Atomic: a checkpoint is written into ``step-XXXXXX.tmp`` and renamed into place (by rank 0, once
+every rank has written); ``latest`` is replaced with ``os.replace``. A crash at any moment leaves the
+previous checkpoint intact.
 
 ``load_trained_policy`` is what ``vespo eval --model`` opens: a run directory, a checkpoint (its
 weights in the run's architecture) or a Hugging Face model directory.
@@ -23,6 +33,8 @@ weights in the run's architecture) or a Hugging Face model directory.
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
 import pickle
@@ -35,41 +47,69 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vespo.errors import CheckpointError, ModelError, ResumeError
+from vespo.models.forward import policy_keys
+from vespo.trainer.distributed import Dist
 
 KEEP = 2  # complete checkpoints kept on disk
-MODEL_FILE, STATE_FILE, CONFIG_FILE = "model.safetensors", "trainer.pt", "run_config.json"
+SHARDS_DIR, STATE_FILE, CONFIG_FILE = "dcp", "trainer.pt", "run_config.json"
 POLICY_DIR = "policy"
 
 
 # ---------------------------------------------------------------- writing
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, trainer_state: dict[str, Any],
-                    config: dict) -> Path:
-    """Write ``RUN_DIR/checkpoints/step-{step}`` atomically; ``trainer_state`` must be tensors and plain data."""
-    state = {**trainer_state, "rng": rng_state()}
+def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer_state: dict[str, Any], config: dict, dist: Dist | None = None) -> Path:
+    """Write ``RUN_DIR/checkpoints/step-{step}`` atomically (every rank calls it); ``trainer_state`` must be
+    tensors and plain data. ``module`` is the learner's LogprobModule (sharded or not)."""
+    dist = dist or Dist.single()
+    model_state, optim_state, param_groups = _sharded_state(module, optimizer)
+    state = {**trainer_state, "optimizer_groups": param_groups, "rng": dist.gather_object(rng_state())}
     check_plain(state)
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = root / f"step-{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(weights, str(tmp / MODEL_FILE))  # clones: tied weights are stored twice
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
-    _prune(root, keep=KEEP)
+    final, tmp = root / f"step-{step:06d}", root / f"step-{step:06d}.tmp"
+    if dist.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS_DIR))
+    dist.barrier()
+    if dist.is_main:
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
+        _fsync_tree(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        latest_tmp = root / "latest.tmp"
+        latest_tmp.write_text(final.name)
+        os.replace(latest_tmp, root / "latest")
+        _prune(root, keep=KEEP)
+    dist.barrier()
     return final
+
+
+def _sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(model state, optimizer tensors by parameter name, optimizer settings) of this rank, keyed by the module's
+    parameter names: tensors (DTensor shards on several ranks) for dcp, plain settings (lr, betas, ...) for
+    trainer.pt."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model_state = get_model_state_dict(module)
+    if optimizer is None:
+        return model_state, {}, []
+    optim = get_optimizer_state_dict(module, optimizer)
+    return model_state, dict(optim["state"]), [_plain_group(g) for g in optim["param_groups"]]
+
+
+def _plain_group(group: dict) -> dict:
+    """An optimizer param group as plain data (tuples of betas become lists; parameter names kept)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
 
 
 PLAIN_TYPES = (str, int, float, bool, type(None))
@@ -92,10 +132,20 @@ def check_plain(value: Any, where: str = "trainer state") -> None:
         check_plain(item, f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]")
 
 
-def save_run_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any, config: dict) -> Path:
-    """Write ``RUN_DIR/policy/`` (replacing the previous one as a whole); returns its path."""
+def save_run_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any, config: dict,
+                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``RUN_DIR/policy/`` (replacing the previous one as a whole); returns its path.
+
+    ``weights``: the full weights when ``model`` itself holds shards (a sharded learner gathers them);
+    the directory is then written from a fresh copy of the architecture holding them."""
     from vespo.models.loading import save_policy
 
+    if weights is not None:
+        from transformers import AutoModelForCausalLM
+
+        full = AutoModelForCausalLM.from_config(model.config)
+        full.load_state_dict(weights)
+        model = full
     return save_policy(model, tokenizer, Path(run_dir) / POLICY_DIR, config)
 
 
@@ -110,18 +160,96 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return path if (path / STATE_FILE).is_file() else None
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
-    """Load weights into ``model`` (in place) and return the trainer state (RNG restored).
+def load_checkpoint(path: str | Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    dist: Dist | None = None) -> dict[str, Any]:
+    """Load weights (and optimizer state) into the learner's ``module`` in place, on any number of ranks, and
+    return the trainer state (this rank's RNG restored when the checkpoint has one for it).
 
     The trainer state is read first, so a refused checkpoint leaves the model untouched."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
+
+    dist = dist or Dist.single()
     path = Path(path)
     state = read_trainer_state(path)
-    rng = state.pop("rng", None)
-    if rng is None:
+    rngs = state.pop("rng", None)
+    if rngs is None:
         raise CheckpointError(f"{path / STATE_FILE} has no RNG state; it was not written by this version of vespo")
-    _load_weights(path, model, ResumeError)
-    set_rng_state(rng)
+    groups = state.pop("optimizer_groups", [])
+    model_state, optim_state, _ = _sharded_state(module, optimizer)
+    target = {"model": model_state, "optim": optim_state} if optimizer is not None else {"model": model_state}
+    _read_shards(path, target, ResumeError)
+    set_model_state_dict(module, target["model"], options=StateDictOptions(strict=True))
+    if optimizer is not None:
+        current = get_optimizer_state_dict(module, optimizer)
+        loaded = {"state": target["optim"],
+                  "param_groups": [{**g, "params": c["params"]} for g, c in zip(groups, current["param_groups"])]}
+        set_optimizer_state_dict(module, optimizer, loaded)
+    if dist.world == len(rngs):  # the same number of ranks: each continues its own random streams
+        set_rng_state(rngs[dist.rank])
     return state
+
+
+def policy_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Load a run checkpoint's weights (a learner's LogprobModule: ``policy.*``) into a plain policy ``model``
+    in place, in one process."""
+    target = {"model": {f"policy.{k}": v for k, v in model.state_dict().items()}}
+    _read_shards(Path(path), target, CheckpointError)
+    model.load_state_dict(policy_keys(target["model"]))
+
+
+def _read_shards(path: Path, target: dict, error: type[Exception]) -> None:
+    """Fill ``target`` (state dicts of this rank's tensors, shards or full) from ``path/dcp`` in place."""
+    shards = path / SHARDS_DIR
+    if not (shards / ".metadata").is_file():
+        raise CheckpointError(f"checkpoint {path} has no {SHARDS_DIR}/.metadata; it is incomplete")
+    SafeReader(str(shards)).read_metadata()  # refuses an unsafe index here, before dcp wraps the error
+    try:
+        dcp.load(target, storage_reader=SafeReader(str(shards)))
+    except (Exception, CheckpointException) as e:  # a mismatch of names or shapes: another model
+        lines = [line for line in str(e).splitlines() if "Error:" in line] or [str(e)]
+        detail = " ".join(lines[-1].split())[:300]
+        raise error(f"{shards} holds the weights of another model ({detail}); use the config the run was started "
+                    "with (RUN_DIR/config.yaml)") from e
+
+
+class SafeReader(FileSystemReader):
+    """dcp's file reader whose index (``.metadata``) is unpickled admitting only dcp's own metadata types."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
+
+        with open(Path(self.path) / ".metadata", "rb") as f:
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            except pickle.UnpicklingError as e:
+                raise CheckpointError(f"{self.path}/.metadata holds objects other than checkpoint metadata ({e}); "
+                                      "vespo does not open it, since loading it could run code") from e
+        if any(isinstance(m, BytesStorageMetadata) for m in metadata.state_dict_metadata.values()):
+            raise CheckpointError(f"{self.path} stores pickled objects besides tensors; vespo does not open it")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits the classes a dcp index is made of, nothing else."""
+
+    ALLOWED = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"),
+               ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+    MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        if module in self.MODULES:  # classes defined there (dataclasses of the index), not names they import
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint index")
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
@@ -158,7 +286,7 @@ def policy_from_checkpoint(path: str | Path, dtype: str | None = None) -> tuple[
         raise CheckpointError(f"checkpoint {path} has no {CONFIG_FILE}; it is incomplete or not a vespo checkpoint")
     cfg = from_dict(json.loads(config_file.read_text()))
     model, tokenizer = build_model(cfg.model, seed=cfg.run.seed)
-    _load_weights(path, model, CheckpointError)
+    policy_weights(path, model)
     return model.to(resolve_dtype(dtype or cfg.model.dtype)).eval(), tokenizer
 
 
@@ -175,7 +303,7 @@ def load_trained_policy(path: str | Path, dtype: str = "float32") -> tuple[torch
     if (path / POLICY_DIR / "config.json").is_file():
         model, tokenizer = load_policy(path / POLICY_DIR, dtype=dtype)
         return model, tokenizer, f"{path / POLICY_DIR} (the run's final policy)"
-    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file() and not (path / "config.json").is_file():
+    if (path / SHARDS_DIR).is_dir() and (path / CONFIG_FILE).is_file() and not (path / "config.json").is_file():
         model, tokenizer = policy_from_checkpoint(path, dtype)
         return model, tokenizer, f"{path} (a checkpoint)"
     if (path / "checkpoints").is_dir():
@@ -187,18 +315,6 @@ def load_trained_policy(path: str | Path, dtype: str = "float32") -> tuple[torch
         return model, tokenizer, f"{latest} (the run has no {POLICY_DIR}/ yet: its latest checkpoint)"
     model, tokenizer = load_policy(path, dtype=dtype)
     return model, tokenizer, str(path)
-
-
-def _load_weights(path: Path, model: torch.nn.Module, error: type[Exception]) -> None:
-    file = path / MODEL_FILE
-    if not file.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {MODEL_FILE}; it is incomplete")
-    try:
-        model.load_state_dict(load_file(str(file)))
-    except RuntimeError as e:
-        detail = " ".join(str(e).split())[:300]
-        raise error(f"{file} holds the weights of another model ({detail}); use the config the run was started "
-                    "with (RUN_DIR/config.yaml)") from e
 
 
 # ---------------------------------------------------------------- RNG states as tensors and plain values
@@ -242,7 +358,8 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    for f in path.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+def _fsync_tree(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())

@@ -4,7 +4,13 @@
     vespo train --config configs/demo.yaml loss.name=gspo staleness.n=32 run.out_dir=runs/gspo32
     vespo train --config configs/demo.yaml --resume
     vespo train --mode async ...                  rollout and learner as Ray actors
+    vespo train --nproc 2 ...                     the learner sharded over 2 processes (torchrun, FSDP2)
+    vespo train --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint HOST:29500 ...   one of 2 nodes
     vespo train --help-config                     every field, its default and its allowed values
+
+With --nproc the command starts torchrun, which runs `vespo train` once per rank (see
+docs/distributed.md); a job launched with torchrun directly (`torchrun ... -m vespo.cli train ...`)
+is the same.
 
 A config, dataset or run-directory error prints one line naming the field, file or row and
 exits with status 2 (`vespo --debug train ...` shows the traceback; see vespo.cli).
@@ -27,10 +33,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--resume", action="store_true", help="continue the run in run.out_dir from its latest checkpoint")
     p.add_argument("--mode", choices=["sync", "async"], help="shortcut for run.mode=...")
     p.add_argument("--help-config", action="store_true", help="list every config field and exit")
+    p.add_argument("--nproc", type=int, default=1, help="learner processes on this node (torchrun; FSDP2)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of a multi-node job (with --rdzv-endpoint)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's index in a multi-node job")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT where the nodes of a multi-node job meet")
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = p.parse_args(argv)
 
-    from vespo.config import describe, load_config
+    from vespo.config import ConfigError, check_world, describe, load_config
 
     if args.help_config:
         for name, default, help_ in describe():
@@ -38,6 +48,11 @@ def main(argv: list[str]) -> int:
         return 0
     overrides = list(args.overrides) + ([f"run.mode={args.mode}"] if args.mode else [])
     cfg = load_config(args.config or default_config_path(), overrides)  # a ConfigError is printed by vespo.cli
+    if args.nproc < 1 or args.nnodes < 1:
+        raise ConfigError(f"--nproc and --nnodes must be >= 1, got {args.nproc} and {args.nnodes}")
+    if args.nproc * args.nnodes > 1:
+        check_world(cfg, args.nproc * args.nnodes)
+        return launch(args, argv)
     from vespo.trainer import train
 
     try:
@@ -46,3 +61,41 @@ def main(argv: list[str]) -> int:
         print("vespo train: aborted", file=sys.stderr)
         return 130
     return 0
+
+
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run this command once per rank under torchrun (one node: --standalone); its exit code."""
+    import subprocess
+
+    from vespo.errors import UsageError
+
+    rest = _without_launch_flags(argv)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}"]
+    if args.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        if not args.rdzv_endpoint:
+            raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        cmd += [f"--nnodes={args.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+        if args.node_rank is not None:
+            cmd.append(f"--node-rank={args.node_rank}")
+    code = subprocess.call(cmd + ["-m", "vespo.cli", "train", *rest])
+    if code:
+        print(f"vespo train: the {args.nproc * args.nnodes}-process job stopped (exit code {code}); the ranks' "
+              "messages are above. Its last checkpoint is in run.out_dir/checkpoints: continue with --resume",
+              file=sys.stderr)
+    return code
+
+
+def _without_launch_flags(argv: list[str]) -> list[str]:
+    """``argv`` without --nproc, --nnodes, --node-rank and --rdzv-endpoint (and their values)."""
+    flags = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint")
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in flags)):
+            out.append(arg)
+    return out

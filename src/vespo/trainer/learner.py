@@ -26,9 +26,14 @@ replays them; ``r3`` replays the engine's recorded ones (``batch.routed_experts`
 pass and every training forward; ``none`` routes freely.
 
 Every diagnostic is formed from the rows of the whole mini-batch (vespo.losses.diagnostics), so
-it does not depend on ``optim.micro_batch_size``. The learner owns the weights and the optimizer
-on ``model.device``; batches arrive on the CPU and are moved there. ``RemoteLearner``
-(vespo.trainer.remote) runs the same object as a Ray actor.
+it does not depend on ``optim.micro_batch_size``. With replay on, ``router/replayed_frac`` is the
+share of routed token positions whose experts the training forwards forced (1.0 when replay works).
+
+On P ranks (``dist``, vespo.trainer.distributed) the policy is sharded with FSDP2 and each rank
+trains its share of every mini-batch: the normalizer is the global token (or sequence) count and
+the rows and counts are reduced over ranks, so the update and every metric are the one-process
+ones. The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU
+and are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same object as Ray actors.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from torch import Tensor, nn
 from vespo.config import OptimConfig
 from vespo.losses import concat_rows, get_loss, summarize
 from vespo.metrics import behavior_rows, to_floats
-from vespo.models import compile_decoder_layers, is_moe, record_routing, response_logprobs
-from vespo.models.moe import stack_routing
+from vespo.models import compile_decoder_layers, is_moe, record_routing
+from vespo.models.forward import LogprobModule, policy_keys
+from vespo.models.moe import count_replay, moe_routers, stack_routing
+from vespo.trainer.distributed import Dist, full_tensor, shard_policy
 from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
 from vespo.types import TrainBatch
 
@@ -73,22 +80,31 @@ class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
                  total_updates: int, behavior: str = "recompute", replay: str = "none",
                  temperature: float = 1.0, max_nonfinite: int = 3, device: torch.device | str = "cpu",
-                 autocast: bool = False, compile: bool = False):
+                 autocast: bool = False, compile: bool = False, dist: Dist | None = None):
         if behavior not in BEHAVIORS:
             raise ValueError(f"behavior must be one of {', '.join(BEHAVIORS)}; got {behavior!r}")
         if replay not in REPLAY_MODES:
             raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.dist = dist or Dist.single()
+        self.model = model.to(self.device)  # the policy (sharded in place on several ranks)
         self.behavior, self.replay = behavior, replay
-        self.autocast = autocast
+        self.moe = is_moe(model)
+        self.replays = replay != "none" and self.moe
+        if self.replays:
+            moe_routers(model)  # an MoE family replay does not know stops here, at start-up
         self.compiled = compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
+        self.module = LogprobModule(self.model)  # what the training and behaviour forwards call
+        if self.dist.active:  # one source of weights, then FSDP2; mixed precision replaces autocast
+            self.dist.broadcast_state(self.module)
+            shard_policy(self.module, self.dist, self.device, bf16=autocast)
+        self.autocast = autocast and not self.dist.active
         self.spec = get_loss(loss_name)
         self.loss_cfg = self.spec.config_cls(**loss_options)
         self.optim_cfg = optim
         self.temperature = temperature
         self.max_nonfinite = max_nonfinite
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
         # fused: one kernel for all parameters instead of ~10 small ops per tensor (4x faster on CPU)
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
                                            weight_decay=optim.weight_decay, fused=True)
@@ -96,7 +112,6 @@ class Learner:
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
-        self.moe = is_moe(model)
         self.records_routing = replay == "r2" and self.moe  # R2 records in a behaviour pass of its own
         self.can_share = _dropout_free(model) and not self.records_routing
         self.staged: dict[int, Staged] = {}
@@ -140,10 +155,10 @@ class Learner:
     def behavior_pass(self, batch: TrainBatch) -> tuple[Tensor, Tensor, Tensor | None]:
         """The trainer's log-probs [B, T] and entropy [B, T] of the batch under the current weights, on
         exactly the micro-batches ``update`` will use; with R2 also the routing it chose [B, P+T, L, K]."""
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.module.training
+        self.module.eval()
         parts = [self._behavior_micro(micro.to(self.device)) for micro in self.micro_batches(batch)]
-        self.model.train(was_training)
+        self.module.train(was_training)
         logp, entropy = torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
         routing = torch.cat([p[2] for p in parts]).cpu() if self.records_routing else batch.routed_experts
         return logp, entropy, routing
@@ -163,13 +178,14 @@ class Learner:
         """Response log-probs [b, T] (and entropy) replaying micro.routed_experts when it is set.
 
         Without replay, each of the micro-batch's distinct prompts runs once (``share_prompts``);
-        μ and the update take the same path, so with N = 1 they still agree bit for bit.
+        μ and the update take the same path, so with N = 1 they still agree bit for bit. On several
+        ranks every micro-batch is one forward (the shared path's number of forwards depends on the data).
         """
-        share_prompts = share_prompts and micro.routed_experts is None
+        share_prompts = share_prompts and micro.routed_experts is None and not self.dist.active
         with self._autocast():
-            return response_logprobs(self.model, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                     micro.response_mask, temperature=self.temperature, with_entropy=with_entropy,
-                                     routed_experts=micro.routed_experts, share_prompts=share_prompts)
+            return self.module(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
+                               temperature=self.temperature, with_entropy=with_entropy,
+                               routed_experts=micro.routed_experts, share_prompts=share_prompts)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -178,30 +194,33 @@ class Learner:
         if item.index not in self.staged:
             raise ValueError(f"item {item.index} was not prepared: call prepare() with it before update()")
         staged = self.staged.pop(item.index)
-        self.model.train()
+        self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         normalizer = self._normalizer(staged.batch)
         loss_sum = torch.zeros((), device=self.device)
         loss_rows, behavior, weights = [], [], []
-        for micro in self.micro_batches(staged.batch):
-            micro = micro.to(self.device)
-            logp, entropy = self._logprobs(micro, with_entropy=staged.shared_pass)  # replays micro.routed_experts
-            old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()  # lag 0: the recompute itself
-            if staged.shared_pass:
-                behavior.append(behavior_rows(micro.rollout_logp, logp.detach(), entropy, micro.response_mask))
-            out = self._loss(micro, logp, old_logp, normalizer)
-            out.loss.backward()
-            loss_sum = loss_sum + out.loss.detach()
-            loss_rows.append({k: v for k, v in out.rows.items() if k not in ENGINE_GAP_ROWS})
-            weights.append(out.seq_weight)
-        rows = concat_rows(loss_rows)
+        with self._count_replay() as replayed:
+            for micro in self.micro_batches(staged.batch):
+                micro = micro.to(self.device)
+                logp, entropy = self._logprobs(micro, with_entropy=staged.shared_pass)  # replays micro.routed_experts
+                old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()  # lag 0: the recompute
+                if staged.shared_pass:
+                    behavior.append(behavior_rows(micro.rollout_logp, logp.detach(), entropy, micro.response_mask))
+                out = self._loss(micro, logp, old_logp, normalizer)
+                out.loss.backward()
+                loss_sum = loss_sum + out.loss.detach()
+                loss_rows.append({k: v for k, v in out.rows.items() if k not in ENGINE_GAP_ROWS})
+                weights.append(out.seq_weight)
+        local_rows = concat_rows(loss_rows)
+        rows = self.dist.gather_rows(local_rows)  # the global mini-batch's rows, on every rank
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        metrics = {**summarize(rows), "loss/total": loss_sum, "optim/grad_norm": grad_norm,
-                   "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0]}
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        metrics = {**summarize(rows), "loss/total": self.dist.sum(loss_sum), "optim/grad_norm": grad_norm,
+                   "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
+                   **self._replay_metrics(replayed)}
         metrics = to_floats(metrics)  # the update's one host sync
         result = dict(behavior_rows=concat_rows(behavior), lags=self.version - item.batch.versions,
-                      log_w=rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
+                      log_w=local_rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
         if not (math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["optim/grad_norm"])):
             return self._skip(metrics, result)
         self.optimizer.step()
@@ -216,6 +235,17 @@ class Learner:
         correct = self.loss_cfg.rollout_correction.mode != "none"
         return self.spec.fn(logp, old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
                             normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
+
+    def _count_replay(self):
+        """Counts the routed and forced positions of the training forwards (replay on an MoE only)."""
+        return count_replay(self.model) if self.replays else nullcontext(None)
+
+    def _replay_metrics(self, replayed) -> dict[str, Tensor]:
+        """router/replayed_frac over every rank's training forwards; absent without replay or routed positions."""
+        if replayed is None:
+            return {}
+        forced, routed = self.dist.sum(torch.stack([replayed.forced, replayed.routed]).double()).unbind()
+        return {"router/replayed_frac": forced / routed} if routed > 0 else {}
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
@@ -233,22 +263,29 @@ class Learner:
         return UpdateResult(metrics, skipped=True, **result)
 
     def _normalizer(self, mb: TrainBatch) -> float:
-        """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch."""
+        """Token count (token-mean) or sequence count (seq-mean-*) of the whole mini-batch, over every rank."""
         valid = mb.response_mask > 0
-        if self.loss_cfg.agg == "token-mean":
-            return float(max(int(valid.sum()), 1))
-        return float(max(int(valid.any(dim=1).sum()), 1))
+        local = valid.sum() if self.loss_cfg.agg == "token-mean" else valid.any(dim=1).sum()
+        return float(max(int(self.dist.sum(local.double())), 1))
 
     def micro_batches(self, mb: TrainBatch):
-        size = self.optim_cfg.micro_batch_size or len(mb)
-        for start in range(0, len(mb), size):
-            yield mb.select(torch.arange(start, min(start + size, len(mb))))
+        """The mini-batch in ``optim.micro_batch_size`` rows (or fewer, in equal parts), in order. Every rank runs
+        the same number of them (the most any rank needs): each is one forward, with FSDP's collectives in it."""
+        size = self.optim_cfg.micro_batch_size or max(len(mb), 1)
+        count = self.dist.max(max(math.ceil(len(mb) / size), 1))
+        for rows in torch.tensor_split(torch.arange(len(mb)), count):
+            yield mb.select(rows)
 
     # ------------------------------------------------------------ weights and state
 
     def weights(self) -> dict[str, Tensor]:
-        """The policy's weights on the CPU (what engines load and checkpoints store)."""
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The policy's full weights on the CPU (what engines load); gathered from every rank's shards."""
+        if not self.dist.active:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in policy_keys(full).items()}
 
     def shared_weights(self):
         """The weights in Ray's object store (async mode; Ray must be running in this process)."""
@@ -257,35 +294,43 @@ class Learner:
         return ray.put(self.weights())
 
     def save_checkpoint(self, run_dir: str | Path, step: int, extra: dict, config: dict) -> Path:
-        """An atomic checkpoint of the weights, the optimizer and ``extra`` (the loop's counters)."""
+        """An atomic, sharded checkpoint of the weights and the optimizer (every rank writes its shards)
+        and of ``extra`` (the loop's counters)."""
         from vespo.trainer.checkpoint import save_checkpoint
 
-        return save_checkpoint(run_dir, step, self.model, {**extra, "learner": self.state_dict()}, config)
+        return save_checkpoint(run_dir, step, self.module, self.optimizer, {**extra, "learner": self.state_dict()},
+                               config, self.dist)
 
     def load_checkpoint(self, path: str | Path) -> dict:
-        """Weights and optimizer from a checkpoint (RNG restored); returns the loop's ``extra`` state."""
+        """Weights and optimizer from a checkpoint written by any number of ranks (RNG restored); returns the
+        loop's ``extra`` state."""
         from vespo.trainer.checkpoint import load_checkpoint
 
-        state = load_checkpoint(path, self.model)
+        state = load_checkpoint(path, self.module, self.optimizer, self.dist)
         self.load_state_dict(state.pop("learner"))
         return state
 
-    def save_policy(self, run_dir: str | Path, tokenizer, config: dict) -> Path:
-        """RUN_DIR/policy/: the policy as a Hugging Face directory (model + tokenizer, save_pretrained)."""
+    def save_policy(self, run_dir: str | Path, tokenizer, config: dict) -> Path | None:
+        """RUN_DIR/policy/: the policy as a Hugging Face directory (model + tokenizer, save_pretrained), written
+        by rank 0 from the gathered full weights."""
         from vespo.trainer.checkpoint import save_run_policy
 
-        return save_run_policy(run_dir, self.model, tokenizer, config)
+        weights = self.weights() if self.dist.active else None  # a collective: every rank takes part
+        path = None
+        if self.dist.is_main:
+            path = save_run_policy(run_dir, self.model, tokenizer, config, weights)
+        self.dist.barrier()
+        return path
 
     def close(self) -> None:
         pass  # nothing to release in process (RemoteLearner stops its actor)
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "version": self.version, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                "nonfinite_total": self.nonfinite_total}
+        """The learner's counters and schedule (the weights and the optimizer go to the sharded part)."""
+        return {"scheduler": self.scheduler.state_dict(), "version": self.version,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row, "nonfinite_total": self.nonfinite_total}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         self.nonfinite_in_a_row = state["nonfinite_in_a_row"]

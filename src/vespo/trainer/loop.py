@@ -33,11 +33,12 @@ from typing import Callable
 import torch
 
 from vespo.buffer import lag_stats
-from vespo.config import Config, to_dict
+from vespo.config import Config, check_world, to_dict
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
 from vespo.trainer.checkpoint import latest_checkpoint
+from vespo.trainer.distributed import Dist
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
 from vespo.trainer.run import Run, build_run
@@ -50,29 +51,53 @@ UpdateHook = Callable[["Loop"], None]
 def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None) -> dict:
     """Run (or resume) a training run in the mode the config asks for; returns the run summary.
 
+    Under torchrun (``vespo train --nproc P``) every rank runs this: the learner is sharded over the
+    P processes and each rolls out its share of every rollout batch (vespo.trainer.distributed).
     ``on_update(loop)`` is called after every update (tests use it to kill a worker or send Ctrl-C)."""
+    from vespo.models.device import resolve_device
+    from vespo.trainer.distributed import init_distributed, local_device, shutdown
+
+    dist = init_distributed(local_device(resolve_device(cfg.model.device)))
     if not resume:
         check_new_run_dir(cfg)  # before the model is built and warm-started
+    check_world(cfg, dist.world)
     with ExitStack() as stack:
-        run = stack.enter_context(build_run(cfg, log=console.print))
+        stack.callback(shutdown, dist)
+        run = stack.enter_context(build_run_in_turn(cfg, dist))
         if cfg.run.mode == "async":
             from vespo.trainer.ray_source import ray_session
 
             stack.enter_context(ray_session(cfg.async_))
-        learner = build_learner(run)
+        engine = run.make_engine(run.policy) if cfg.run.mode == "sync" else None  # its copy, before sharding
+        learner = build_learner(run, dist)
         stack.callback(learner.close)
-        source = build_source(run, learner)
+        source = build_source(run, learner, dist, engine)
         stack.callback(source.close)
-        return Loop(run, learner, source, on_update).fit(resume)
+        return Loop(run, learner, source, on_update, dist).fit(resume)
 
 
-def build_source(run: Run, learner: Learner) -> SampleSource:
-    """The sample source of run.mode: LocalSource (sync) or RaySource (async; Ray must be running)."""
+def build_run_in_turn(cfg: Config, dist: Dist) -> Run:
+    """The run's parts on every rank; rank 0 first, so the others load its cached warm start."""
+    if not dist.is_main:
+        dist.barrier()
+    run = build_run(cfg, log=console.print if dist.is_main else _quiet)
+    if dist.is_main:
+        dist.barrier()
+    return run
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def build_source(run: Run, learner: Learner, dist: Dist | None = None, engine=None) -> SampleSource:
+    """The sample source of run.mode: LocalSource (sync; with ``engine``, else one built from run.policy) or
+    RaySource (async; Ray must be running)."""
     if run.cfg.run.mode == "async":
         from vespo.trainer.ray_source import RaySource
 
         return RaySource(run, learner)
-    return LocalSource(run, learner)
+    return LocalSource(run, learner, dist, engine)
 
 
 @dataclass
@@ -98,16 +123,22 @@ class StepWindow:
         self.spans.append(item.batch.versions_max - item.batch.versions)
         self.last = (item, result)
 
-    def metrics(self, max_lag: int) -> dict[str, float]:
-        return {**reduce_metrics(self.updates), **summarize_rollout(concat_rows(self.rollout)),
-                **summarize_behavior(concat_rows(self.behavior)),
-                **lag_stats(torch.cat(self.lags), torch.cat(self.spans), max_lag)}
+    def metrics(self, max_lag: int, dist: Dist | None = None) -> dict[str, float]:
+        """The step's row: per-update metrics combined by name, and the rollout, behaviour and lag statistics
+        of every row of the step (gathered from every rank)."""
+        dist = dist or Dist.single()
+        lags = dist.gather_rows({"lag": torch.cat(self.lags), "span": torch.cat(self.spans)})
+        return {**reduce_metrics(self.updates), **summarize_rollout(dist.gather_rows(concat_rows(self.rollout))),
+                **summarize_behavior(dist.gather_rows(concat_rows(self.behavior))),
+                **lag_stats(lags["lag"], lags["span"], max_lag)}
 
 
 class Loop:
-    def __init__(self, run: Run, learner: Learner, source: SampleSource, on_update: UpdateHook | None = None):
+    def __init__(self, run: Run, learner: Learner, source: SampleSource, on_update: UpdateHook | None = None,
+                 dist: Dist | None = None):
         self.run, self.cfg, self.learner, self.source = run, run.cfg, learner, source
         self.on_update = on_update
+        self.dist = dist or Dist.single()
         self.n = self.cfg.staleness.n
         self.total = self.cfg.total_updates
         self.updates_done = 0
@@ -119,13 +150,14 @@ class Loop:
 
     def fit(self, resume: bool) -> dict:
         first = self._resume() if resume else 0
-        runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None)
+        runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None, writes=self.dist.is_main)
         self.updates_done = first
         self.source.start(first)
         before = self._eval_before(runlog, first)
-        console.print(f"run directory {runlog.dir}: metrics.jsonl, samples.jsonl"
-                      + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
-                      + ", tb/, checkpoints/, policy/ at the end")
+        self._say(f"run directory {runlog.dir}: metrics.jsonl, samples.jsonl"
+                  + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
+                  + ", tb/, checkpoints/, policy/ at the end"
+                  + (f"; {self.dist.world} ranks" if self.dist.active else ""))
         t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
@@ -138,12 +170,17 @@ class Loop:
         summary = self.summary(before, after, status, time.perf_counter() - t_start)
         runlog.write_summary(summary)
         runlog.close()
-        print_summary(summary)
+        if self.dist.is_main:
+            print_summary(summary)
         return summary
+
+    def _say(self, text: str) -> None:
+        if self.dist.is_main:
+            console.print(text)
 
     def train_steps(self, runlog: RunLog) -> str:
         """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
-        with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress) as bar:
+        with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress and self.dist.is_main) as bar:
             task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.updates_done // self.n,
                                 status="")
             window, t_step = StepWindow(), time.perf_counter()
@@ -154,7 +191,7 @@ class Loop:
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
                 window, t_step = StepWindow(), time.perf_counter()
-                if stop.requested:
+                if self.dist.any(stop.requested):  # every rank stops at the same step
                     if self.checkpointed_at != self.updates_done:
                         self.checkpoint()
                     return "interrupted"
@@ -177,13 +214,14 @@ class Loop:
     def end_step(self, runlog: RunLog, window: StepWindow, seconds: float) -> dict:
         """Reduce the step's metrics once, log them (and samples), evaluate and checkpoint on schedule."""
         step = self.updates_done // self.n
-        row = window.metrics(self.source.max_lag)
+        row = window.metrics(self.source.max_lag, self.dist)
         tokens = row.get("rollout/n_tokens", 0.0)
         row.update({"policy/version": float(self.learner.version), "perf/step_s": seconds,
                     "perf/tokens_per_s": tokens / max(seconds, 1e-9)})
         if "perf/learner_idle_s_sum" in row:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
         row.update(self.source.step_metrics())
+        row["dist/world_size"] = float(self.dist.world)
         run = self.cfg.run
         if run.eval_every and step % run.eval_every == 0:
             row.update({f"eval/{k}": v for k, v in self.evaluate().items()})
@@ -200,14 +238,20 @@ class Loop:
     # ------------------------------------------------------------ evaluation, checkpoints
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out reward with the newest weights: one sample per problem, and greedy."""
-        return heldout_rewards(self.source.generate, self.run.eval_problems, self.run.scorer, self.run.sampling)
+        """Held-out reward with the newest weights: one sample per problem, and greedy (each rank evaluates
+        its share of the problems; every rank gets the mean over all of them)."""
+        problems = self.run.eval_problems[self.dist.rank::self.dist.world]
+        mine = heldout_rewards(self.source.generate, problems, self.run.scorer, self.run.sampling)
+        parts = [(means, n) for means, n in self.dist.gather_object((mine, len(problems))) if n]
+        total = sum(n for _, n in parts)
+        return {key: sum(means[key] * n for means, n in parts) / total for key in (parts[0][0] if parts else {})}
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
         if first == 0 or not path.exists():
             before = self.evaluate() if first == 0 else {}
-            write_atomic(path, json.dumps(before))
+            if self.dist.is_main:
+                write_atomic(path, json.dumps(before))
             return before
         return json.loads(path.read_text())
 
@@ -226,20 +270,20 @@ class Loop:
             return
         try:
             path = self.checkpoint()
-            console.print(f"[yellow]run stopped; checkpoint written to {path}")
+            self._say(f"[yellow]run stopped; checkpoint written to {path}")
         except Exception as e:  # keep the original error in front
-            console.print(f"[red]run stopped and its checkpoint failed too: {e}")
+            self._say(f"[red]run stopped and its checkpoint failed too: {e}")
 
     def _resume(self) -> int:
         path = latest_checkpoint(self.cfg.run.out_dir)
         if path is None:
-            console.print(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
-                          "starting the run from the beginning")
+            self._say(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
+                      "starting the run from the beginning")
             return 0
         state = self.learner.load_checkpoint(path)
         self.source.load_state_dict(state["source"])
         updates = int(state["updates"])
-        console.print(f"resumed from {path} ({updates} updates, policy version {self.learner.version})")
+        self._say(f"resumed from {path} ({updates} updates, policy version {self.learner.version})")
         return updates
 
     def summary(self, before: dict, after: dict, status: str, seconds: float) -> dict:

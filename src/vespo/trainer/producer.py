@@ -34,6 +34,15 @@ class PromptBatch:
     prompt_ids: list[list[int]]  # [n * G] token ids, each prompt repeated G times
     group_ids: Tensor  # [n * G] int64
 
+    def part(self, index: int, parts: int) -> "PromptBatch":
+        """The ``index``-th of ``parts`` equal shares of the prompts, each with its whole group."""
+        if parts == 1:
+            return self
+        n = len(self.problems) // parts
+        G = len(self.prompt_ids) // max(len(self.problems), 1)
+        rows = slice(index * n * G, (index + 1) * n * G)
+        return PromptBatch(self.problems[index * n:(index + 1) * n], self.prompt_ids[rows], self.group_ids[rows])
+
 
 class PromptSampler:
     """Draws the next problems of the prompt stream and tokenizes them (cached per problem id)."""

@@ -70,7 +70,7 @@ def ray_session(a: AsyncConfig) -> Iterator[None]:
     if a.ray_address:
         ray.init(address=a.ray_address, log_to_driver=True)
     else:
-        cpus = a.workers + (math.ceil(a.learner_num_cpus) if a.learner == "actor" else 0)
+        cpus = a.workers + (math.ceil(a.learner_num_cpus) * a.learner_workers if a.learner == "actor" else 0)
         ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=cpus, log_to_driver=True)
     try:
         yield

@@ -26,10 +26,16 @@ console = Console(stderr=True)
 
 
 class RunLog:
-    def __init__(self, cfg: Config, resume_step: int | None):
+    """The run directory's files and sinks; ``writes=False`` (a rank other than 0) writes nothing."""
+
+    def __init__(self, cfg: Config, resume_step: int | None, writes: bool = True):
         self.dir = Path(cfg.run.out_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
+        self.writes = writes
+        self.sinks: list[MetricSink] = []
+        if not writes:
+            return
         if resume_step is None:
             check_new_run_dir(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +43,6 @@ class RunLog:
             truncate_metrics(self.metrics_path, resume_step)
             truncate_metrics(self.samples_path, resume_step)
         (self.dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        self.sinks: list[MetricSink] = []
         for name in cfg.run.loggers:
             if name == "jsonl":
                 self.sinks.append(JsonlSink(self.metrics_path))
@@ -52,6 +57,8 @@ class RunLog:
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """Rows of one step to samples.jsonl, and as text to the sinks that show text."""
+        if not self.writes:
+            return
         with open(self.samples_path, "a") as f:
             f.write("".join(json.dumps({"step": step, **r}) + "\n" for r in rows))
         for sink in self.sinks:
@@ -60,7 +67,8 @@ class RunLog:
                 log_text(step, rows)
 
     def write_summary(self, summary: dict) -> None:
-        write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2))
+        if self.writes:
+            write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2))
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -6,6 +6,9 @@ together (``next()``), so the learner can set μ for all of them before the firs
 mini-batch j is trained at lag j. The async counterpart is vespo.trainer.ray_source.RaySource;
 both satisfy vespo.trainer.protocols.SampleSource.
 
+On P learner ranks, every rank draws the same prompts from the same stream and rolls out its own
+share of them (whole groups), so rank r's mini-batch j is its part of the global mini-batch j.
+
 Staleness is one concept in both: a row's lag is the learner's version when it is trained minus
 the oldest policy version that sampled one of its tokens (``TrainBatch.versions``).
 """
@@ -21,6 +24,7 @@ from vespo.config import Config
 from vespo.data import PromptStream
 from vespo.rollout.base import SamplingParams
 from vespo.rollout.text import TextGenerator
+from vespo.trainer.distributed import Dist
 from vespo.trainer.producer import PromptSampler, RolloutScorer
 from vespo.trainer.protocols import Learner, TrainItem
 from vespo.trainer.run import Run
@@ -35,11 +39,12 @@ def step_seed(cfg: Config, step: int, stream: int) -> int:
 class LocalSource:
     """Sync mode: rollout in this process, one batch per rollout step, split into N stale mini-batches."""
 
-    def __init__(self, run: Run, learner: Learner):
+    def __init__(self, run: Run, learner: Learner, dist: Dist | None = None, engine=None):
         self.cfg, self.learner = run.cfg, learner
+        self.dist = dist or Dist.single()
         self.n = run.cfg.staleness.n
         self.max_lag = self.n - 1
-        self.engine = run.make_engine(run.policy)
+        self.engine = engine if engine is not None else run.make_engine(run.policy)
         self.engine_version: int | None = None  # learner version whose weights the engine holds
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
         self.sampler = PromptSampler(run.tokenizer, self.stream, run.cfg.rollout.group_size)
@@ -56,12 +61,13 @@ class LocalSource:
 
     def next(self) -> list[TrainItem]:
         """One rollout batch at the learner's current version, as N items in update order."""
-        cfg, step = self.cfg, self.next_index // self.n
+        cfg, step, dist = self.cfg, self.next_index // self.n, self.dist
         t0 = time.perf_counter()
         self._sync_engine()
         n_prompts = cfg.prompts_per_step
-        prompts = self.sampler.sample(n_prompts, first_group_id=step * n_prompts)
-        rollout = self.engine.generate(prompts.prompt_ids, self.sampling, seed=step_seed(cfg, step, 1))
+        prompts = self.sampler.sample(n_prompts, first_group_id=step * n_prompts).part(dist.rank, dist.world)
+        seed = step_seed(cfg, step, 1 if dist.is_main else 1000 + dist.rank)  # rank 0 samples as one process does
+        rollout = self.engine.generate(prompts.prompt_ids, self.sampling, seed=seed)
         gen_s = time.perf_counter() - t0
         batch, rows, info = self.scorer.score(prompts, rollout)
         shuffle = torch.Generator().manual_seed(step_seed(cfg, step, 2)) if cfg.staleness.shuffle else None
