@@ -133,25 +133,29 @@ def test_failing_worker_stops_the_run_with_a_checkpoint_and_no_ray_processes(mak
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2)
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=4)  # a worker + 2 learner actors
     yield
     ray.shutdown()
 
 
-def test_async_run_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg, local_ray):
-    # the sync learning setup (tests/trainer/test_learning.py), K = 4, bound 4, partial rollouts
+def test_async_run_with_a_two_rank_learner_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg, local_ray):
+    # the sync learning setup (tests/trainer/test_learning.py), K = 4, bound 4, partial rollouts; the learner is
+    # two Ray actors in one process group (FSDP2), each training half of every mini-batch
     cfg = _async(make_cfg, "rollout.prompts_per_step=16", "rollout.group_size=8", "staleness.n=2",
                  "task.eval_size=64", "warmstart.steps=60", "warmstart.lr=3e-3", "optim.lr=3e-4", "run.steps=60",
-                 "async.sync_every=4", "async.max_staleness=4")
+                 "async.sync_every=4", "async.max_staleness=4", "async.learner=actor", "async.learner_workers=2")
     killed: dict = {}
 
     def kill_worker_once(loop):
-        if loop.updates_done == 20 and not killed:
+        if "learners" not in killed:
+            killed["learners"] = ray.get([a.__ray_call__.remote(lambda actor: os.getpid()) for a in loop.learner.actors])
+        if loop.updates_done == 20 and "pid" not in killed:
             killed["pid"] = ray.get(loop.source.workers[0].pid.remote())
             os.kill(killed["pid"], signal.SIGKILL)
 
     summary = train(cfg, on_update=kill_worker_once)
     assert summary["status"] == "done" and summary["worker_restarts"] == 1 and summary["updates_done"] == 120
+    assert len(set(killed["learners"])) == 2 and os.getpid() not in killed["learners"]
 
     records = read_jsonl(f"{cfg.run.out_dir}/versions.jsonl")
     assert [r["ticket"] for r in records] == list(range(120))
@@ -163,7 +167,7 @@ def test_async_run_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg,
     assert min(spans) >= 0
 
     rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 61))
+    assert [r["step"] for r in rows] == list(range(1, 61)) and rows[0]["dist/world_size"] == 2.0
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
     # async timing makes the version mix (and so the numbers) vary from run to run. Measured over 40
@@ -206,7 +210,7 @@ def test_learner_as_its_own_ray_actor(make_cfg, local_ray):
 
     def record(loop):
         if "learner_pid" not in where:
-            where["learner_pid"] = ray.get(loop.learner.actor.__ray_call__.remote(lambda actor: os.getpid()))
+            where["learner_pid"] = ray.get(loop.learner.actors[0].__ray_call__.remote(lambda actor: os.getpid()))
 
     summary = train(cfg, on_update=record)
     assert summary["status"] == "done" and summary["updates_done"] == 6 and summary["policy_version"] == 6

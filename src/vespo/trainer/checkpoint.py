@@ -41,7 +41,9 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +80,8 @@ def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, opt
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     dist.barrier()
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS_DIR))
+    with _one_process_quietly(dist):
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS_DIR))
     dist.barrier()
     if dist.is_main:
         torch.save(state, tmp / STATE_FILE)
@@ -205,12 +208,22 @@ def _read_shards(path: Path, target: dict, error: type[Exception]) -> None:
         raise CheckpointError(f"checkpoint {path} has no {SHARDS_DIR}/.metadata; it is incomplete")
     SafeReader(str(shards)).read_metadata()  # refuses an unsafe index here, before dcp wraps the error
     try:
-        dcp.load(target, storage_reader=SafeReader(str(shards)))
+        with _one_process_quietly():
+            dcp.load(target, storage_reader=SafeReader(str(shards)))
     except (Exception, CheckpointException) as e:  # a mismatch of names or shapes: another model
         lines = [line for line in str(e).splitlines() if "Error:" in line] or [str(e)]
         detail = " ".join(lines[-1].split())[:300]
         raise error(f"{shards} holds the weights of another model ({detail}); use the config the run was started "
                     "with (RUN_DIR/config.yaml)") from e
+
+
+@contextmanager
+def _one_process_quietly(dist: Dist | None = None):
+    """dcp warns each time it saves or loads without a process group; in one process that is the intent."""
+    with warnings.catch_warnings():
+        if not (dist or Dist.single()).active:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 class SafeReader(FileSystemReader):

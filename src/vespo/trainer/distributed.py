@@ -160,7 +160,7 @@ def shard_policy(module: nn.Module, dist: Dist, device: torch.device, bf16: bool
     reduced in float32 (what ``model.autocast`` asks for on one process). The module's parameters
     must be equal on every rank (``Dist.broadcast_state``)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.world,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
@@ -168,6 +168,10 @@ def shard_policy(module: nn.Module, dist: Dist, device: torch.device, bf16: bool
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
+    for unit in module.modules():  # ranks' gradients are summed, not averaged: the loss is normalized globally
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
     return module
 
 

@@ -278,6 +278,10 @@ class Learner:
 
     # ------------------------------------------------------------ weights and state
 
+    @property
+    def world_size(self) -> int:
+        return self.dist.world
+
     def weights(self) -> dict[str, Tensor]:
         """The policy's full weights on the CPU (what engines load); gathered from every rank's shards."""
         if not self.dist.active:

@@ -221,7 +221,7 @@ class Loop:
         if "perf/learner_idle_s_sum" in row:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
         row.update(self.source.step_metrics())
-        row["dist/world_size"] = float(self.dist.world)
+        row["dist/world_size"] = float(self.learner.world_size)
         run = self.cfg.run
         if run.eval_every and step % run.eval_every == 0:
             row.update({f"eval/{k}": v for k, v in self.evaluate().items()})

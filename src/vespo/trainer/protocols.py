@@ -89,6 +89,7 @@ class Learner(Protocol):
 
     version: int  # optimizer steps taken = the policy version
     nonfinite_total: int  # updates skipped as non-finite
+    world_size: int  # processes the learner is sharded over
 
     def prepare(self, items: list[TrainItem]) -> Rows:
         """Decide μ for each item before any of them is trained; the behaviour rows of passes run now."""

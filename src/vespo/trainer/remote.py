@@ -127,7 +127,7 @@ class RemoteLearner:
         import ray
 
         a = run.cfg.async_
-        self.world = a.learner_workers
+        self.world = self.world_size = a.learner_workers
         actor = ray.remote(LearnerActor).options(num_cpus=a.learner_num_cpus, num_gpus=a.learner_num_gpus,
                                                  max_restarts=0)
         self.actors = [actor.remote() for _ in range(self.world)]
