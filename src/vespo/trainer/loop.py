@@ -222,6 +222,8 @@ class Loop:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
         row.update(self.source.step_metrics())
         row["dist/world_size"] = float(self.learner.world_size)
+        if not self.history:  # once, when the optimizer state exists: what one rank holds
+            row.update(self.learner.memory())
         run = self.cfg.run
         if run.eval_every and step % run.eval_every == 0:
             row.update({f"eval/{k}": v for k, v in self.evaluate().items()})

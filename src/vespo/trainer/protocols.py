@@ -103,6 +103,9 @@ class Learner(Protocol):
     def shared_weights(self) -> Any:
         """The weights in Ray's object store, put once by the process that holds them (async mode)."""
 
+    def memory(self) -> dict[str, float]:
+        """mem/param_bytes_per_rank and mem/optim_bytes_per_rank: the bytes of one rank's shards."""
+
     def save_checkpoint(self, run_dir: str | Path, step: int, extra: dict, config: dict) -> Path: ...
 
     def load_checkpoint(self, path: str | Path) -> dict:

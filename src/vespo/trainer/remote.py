@@ -109,6 +109,9 @@ class LearnerActor:
     def counters(self) -> tuple[int, int]:
         return self.learner.version, self.learner.nonfinite_total
 
+    def memory(self) -> dict[str, float]:
+        return self.learner.memory()
+
     def close(self) -> None:
         from vespo.trainer.distributed import shutdown
 
@@ -171,6 +174,9 @@ class RemoteLearner:
 
     def weights(self) -> dict:
         return self._all(lambda rank, act: act.weights.remote())[0]
+
+    def memory(self) -> dict[str, float]:
+        return self._get(self.actors[0].memory.remote())
 
     def save_checkpoint(self, run_dir, step: int, extra: dict, config: dict) -> Path:
         return Path(self._all(lambda rank, act: act.save_checkpoint.remote(str(run_dir), step, extra, config))[0])
