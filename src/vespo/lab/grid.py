@@ -14,6 +14,8 @@ A sweep file (YAML):
         asym: [loss.options.k_pos=2.0, loss.options.lambda_pos=3.0]
         sym: [loss.options.k_pos=2.0, loss.options.lambda_pos=2.0]
       run.seed: [0, 1, 2]
+    exclude:                        # grid points left out: any point matching one entry (optional)
+      - {loss: [gspo, sapo], seed: ["5", "6", "7", "8", "9"]}    # e.g. 5 seeds for some losses, 10 for others
 
 Each grid point gets labels (axis label -> value) and a directory name built from them, e.g.
 ``loss=vespo,N=32,seed=0``. Axis labels: ``loss.name`` -> loss, ``staleness.n`` -> N,
@@ -40,7 +42,7 @@ from vespo.errors import UserError
 
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
          "model.arch": "model", "loss.options.length_norm": "length_norm"}
-KEYS = ("base", "cost", "description", "grid", "name", "overrides", "reference")
+KEYS = ("base", "cost", "description", "exclude", "grid", "name", "overrides", "reference")
 SEED_AXIS = "seed"
 
 
@@ -79,9 +81,10 @@ class Sweep:
     source: str = ""  # the sweep file, for error messages
     reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
     cost: Cost | None = None
+    exclude: list[dict[str, list[str]]] = field(default_factory=list)  # points matching one entry are left out
 
     def points(self) -> list[GridPoint]:
-        """Every grid point, in row-major order of the axes."""
+        """Every grid point not excluded, in row-major order of the axes."""
         out = []
         for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
             labels, overrides = {}, list(self.overrides)
@@ -89,8 +92,21 @@ class Sweep:
                 value, ov = axis.pick(i)
                 labels[axis.label] = value
                 overrides += ov
-            out.append(GridPoint(labels, overrides))
+            if not excluded(labels, self.exclude):
+                out.append(GridPoint(labels, overrides))
         return out
+
+
+def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
+    """Whether a grid point's labels match one of the sweep's ``exclude`` entries."""
+    return any(all(labels.get(axis) in values for axis, values in entry.items()) for entry in exclude)
+
+
+def planned(record: dict) -> int:
+    """How many runs a sweep directory's grid (its sweep.json record) holds, exclusions left out."""
+    axes = record["axes"]
+    combos = itertools.product(*(a["values"] for a in axes))
+    return sum(not excluded(dict(zip([a["label"] for a in axes], c)), record.get("exclude", [])) for c in combos)
 
 
 @dataclass
@@ -121,7 +137,8 @@ def load_sweep(path: str | Path) -> Sweep:
     axes = _axes(data.get("grid"), path)
     return Sweep(name=str(data.get("name") or path.stem), base=_base(data.get("base"), path),
                  overrides=_str_list(data.get("overrides", []), f"{path}: overrides"), axes=axes, source=str(path),
-                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path))
+                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path),
+                 exclude=_exclude(data.get("exclude"), axes, path))
 
 
 def _base(base: Any, path: Path) -> dict:
@@ -169,6 +186,25 @@ def _reference(ref: Any, axes: list[Axis], path: Path) -> dict[str, str]:
     if axis not in values or str(value) not in values[axis]:
         raise SweepError(f"{path}: reference {axis}={value} is not a value of a grid axis; axes: {values}")
     return {axis: str(value)}
+
+
+def _exclude(exclude: Any, axes: list[Axis], path: Path) -> list[dict[str, list[str]]]:
+    if exclude is None:
+        return []
+    values = {a.label: a.values for a in axes}
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
+        raise SweepError(f"{path}: exclude must be a list of {{axis: value or [values]}} mappings, got {exclude!r}")
+    out = []
+    for i, entry in enumerate(exclude):
+        checked = {}
+        for axis, v in entry.items():
+            vs = [_label(x) for x in (v if isinstance(v, list) else [v])]
+            bad = [x for x in vs if x not in values.get(axis, [])]
+            if axis not in values or bad:
+                raise SweepError(f"{path}: exclude[{i}]: {axis}={bad or vs} is not on the grid; axes: {values}")
+            checked[axis] = vs
+        out.append(checked)
+    return out
 
 
 def _cost(cost: Any, path: Path) -> Cost | None:

@@ -142,8 +142,9 @@ class Loop:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
         row.update(getattr(self.source, "step_metrics", dict)())
         run = self.cfg.run
-        if run.eval_every and step % run.eval_every == 0:
-            row.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+        if (run.eval_every and step % run.eval_every == 0) or (
+                run.eval_every_updates and self.updates_done % run.eval_every_updates == 0):
+            row.update({f"eval/{k}": v for k, v in self.evaluate(run.eval_every_size).items()})
         runlog.log(step, row)
         if run.log_samples_every and step % run.log_samples_every == 0:
             runlog.log_samples(step, sample_rows(self.run, last, run.samples_per_log))
@@ -156,9 +157,11 @@ class Loop:
 
     # ------------------------------------------------------------ evaluation, checkpoints
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out reward with the newest weights: one sample per problem, and greedy."""
-        return heldout_rewards(self.source.generate, self.run.eval_problems, self.run.scorer, self.run.sampling)
+    def evaluate(self, size: int = 0) -> dict[str, float]:
+        """Held-out reward with the newest weights: one sample per problem, and greedy (on the first
+        ``size`` held-out problems; 0: all)."""
+        problems = self.run.eval_problems[:size] if size else self.run.eval_problems
+        return heldout_rewards(self.source.generate, problems, self.run.scorer, self.run.sampling)
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
