@@ -119,11 +119,13 @@ def plot_runs(runs: list[Run], labels: list[str], out: str | Path, kl: str = "st
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    losses = [(run.config.get("loss") or {}).get("name") for run in runs]
+    distinct = all(losses) and len(set(losses)) == len(losses)  # one run per loss: each in its loss's colour
     for ax, (key, name, logy) in zip(axes.flat, PANELS):
         key = key or KL_KEYS[kl]
-        for run, label in zip(runs, labels):
+        for run, label, loss in zip(runs, labels, losses):
             steps, values = run.curve(key, x)
-            ax.plot(steps, values, label=label, linewidth=1.4)
+            ax.plot(steps, values, label=label, linewidth=1.4, color=color_of(loss) if distinct else None)
         _style(ax, f"{name} [{key}]", logy, "optimizer steps" if x == "updates" else "rollout step")
     axes.flat[0].legend(fontsize=8)
     if title:

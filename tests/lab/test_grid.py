@@ -7,7 +7,7 @@ import yaml
 
 from vespo.config import ConfigError, load_config
 from vespo.lab.collapse import RULE
-from vespo.lab.grid import SweepError, load_sweep, planned
+from vespo.lab.grid import SweepError, budget_table, load_sweep, planned
 
 
 def _write(tmp_path, data, name="s.yaml"):
@@ -174,3 +174,17 @@ def test_reference_and_cost(tmp_path):
 def test_bad_reference_or_cost_is_named(tmp_path, data, match):
     with pytest.raises(SweepError, match=match):
         load_sweep(_write(tmp_path, data))
+
+
+BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
+                "mismatch_dense", "staleness_short", "adaptive_failure", "quick"]
+
+
+def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
+    """docs/lab.md shows the table the sweep files' `cost` fields give, and the lab fits 8 hours with
+    --jobs 2 (with 10 minutes left for the warm starts)."""
+    assert sorted(BUDGET_ORDER) == STEMS
+    repo = LAB.parents[1]
+    table, minutes = budget_table([LAB / f"{stem}.yaml" for stem in BUDGET_ORDER], repo)
+    assert table in (repo / "docs" / "lab.md").read_text(), "regenerate the table in docs/lab.md:\n" + table
+    assert minutes <= 8 * 60 - 10

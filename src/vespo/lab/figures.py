@@ -282,7 +282,7 @@ def lr_figure(record: dict, results: list[RunResult], ranges: list[LrRange], out
     top.set_ylabel(metric)
     top.set_ylim(bottom=-0.03, top=max(top.get_ylim()[1], 0.1) * 1.15)  # room for the bars
     top.legend(fontsize=7, loc="lower left")
-    top.set_title(f"{record['name']}: final reward against the learning rate (seed mean, {LEVEL} band; x = collapsed "
+    top.set_title(f"{record['name']}: final reward against the learning rate\n(seed mean, {LEVEL} band; x = collapsed "
                   "run; bars: the widest range with no collapsed run)", fontsize=9)
     bottom.set_ylabel("collapse rate")
     bottom.set_ylim(-0.05, 1.05)

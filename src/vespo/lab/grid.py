@@ -7,6 +7,7 @@ A sweep file (YAML):
     overrides: [task.name=reverse]  # applied to every run
     reference: {loss: vespo}        # the condition every other is paired against, per seed (optional)
     cost: {run_s: 65, jobs: 2, note: "why"}   # wall seconds of one run when `jobs` share the machine
+                                    # (optional: true = outside the lab's time budget)
     grid:                           # the runs are the Cartesian product of the axes, in this order
       loss.name: [grpo, gspo, sapo, vespo]       # a config field and its values
       staleness.n: [1, 8, 32]
@@ -67,6 +68,7 @@ class Cost:
     run_s: float  # wall seconds of one run ...
     jobs: int  # ... when this many runs share the machine (`--jobs`)
     note: str = ""  # what the number rests on
+    optional: bool = False  # outside the lab's time budget
 
     def wall_s(self, runs: int) -> float:
         return runs * self.run_s / self.jobs
@@ -210,12 +212,32 @@ def _exclude(exclude: Any, axes: list[Axis], path: Path) -> list[dict[str, list[
 def _cost(cost: Any, path: Path) -> Cost | None:
     if cost is None:
         return None
-    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note"} or "run_s" not in cost:
-        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note), got {cost!r}")
+    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note", "optional"} or "run_s" not in cost:
+        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note, optional), got {cost!r}")
     run_s, jobs = cost["run_s"], cost.get("jobs", 1)
     if not isinstance(run_s, (int, float)) or run_s <= 0 or not isinstance(jobs, int) or jobs < 1:
         raise SweepError(f"{path}: cost.run_s must be a number > 0 and cost.jobs an integer >= 1, got {cost!r}")
-    return Cost(float(run_s), jobs, str(cost.get("note", "")))
+    return Cost(float(run_s), jobs, str(cost.get("note", "")), bool(cost.get("optional", False)))
+
+
+def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> tuple[str, float]:
+    """(markdown table, minutes of the budgeted sweeps): per sweep file (its path shown relative to
+    ``repo``) its command, runs, assumed cost per run and expected wall time, from the files' `cost`;
+    optional sweeps are marked and left out of the total."""
+    rows, total = [], 0.0
+    for path in paths:
+        sweep = load_sweep(path)
+        if sweep.cost is None:
+            continue
+        c, runs = sweep.cost, len(sweep.points())
+        minutes = c.wall_s(runs) / 60
+        total += 0.0 if c.optional else minutes
+        rows.append(f"| `{sweep.name}`{' (optional)' if c.optional else ''} | `vespo sweep {path.relative_to(repo).as_posix()} --out "
+                    f"{out_root}/{sweep.name} --jobs {c.jobs}` | {runs} | {c.run_s:g} s, {c.jobs} at a time | "
+                    f"{minutes:.0f} min |")
+    head = ["| sweep | command | runs | assumed per run | expected wall |", "| --- | --- | --- | --- | --- |"]
+    tail = f"| total, without the optional sweeps | | | | {total:.0f} min = {total / 60:.1f} h |"
+    return "\n".join(head + rows + [tail]), total
 
 
 def _label(value: Any) -> str:

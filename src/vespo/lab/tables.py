@@ -144,13 +144,13 @@ def run_table(record: dict, results: list[RunResult]) -> str:
         seconds = r.run.summary.get("seconds") if r.run is not None else None
         lines.append(row([f"`{r.name}`", r.status, str(len(r.run.rows)) if r.run else "0",
                           num(s.get("eval_sampled")), num(s.get("eval_greedy")), num(s.get("train_last")),
-                          num(s.get("best_reward")), num(s.get("updates_to_target"), digits=0), collapse_text(r),
+                          num(s.get("best_reward")), num(s.get("updates_to_target"), digits=0), run_collapse_text(r),
                           num(s.get("max_grad_norm")), num(s.get("ess")), num(s.get("final_eos")),
                           num(seconds, digits=0)]))
     return "\n".join(lines)
 
 
-def collapse_text(r: RunResult) -> str:
+def run_collapse_text(r: RunResult) -> str:
     c = r.collapse
     if not c.collapsed:
         return "no"
