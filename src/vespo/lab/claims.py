@@ -326,30 +326,12 @@ def _present(record: dict, results: list[RunResult], axis: str) -> list[str]:
 def _trend(claim: Claim, record: dict, results: list[RunResult], values: list[str]) -> Verdict:
     """The slope per doubling of the `over` axis of (a - b), or of a, seed by seed, with its interval;
     and the value at each point of the axis (a - b, or a minus a at the first value)."""
-    over, xs = claim.spec["over"], _log2_values(values, claim.spec["over"])
-    b = claim.spec["b"][0] if claim.spec["b"] else None
     if claim.spec["b"][1:]:
         raise ValueError("a trend takes at most one b")
-    series: dict[str, dict[float, float]] = {}  # seed -> {log2 x: value}
-    parts = []
-    for v, x in zip(values, xs):
-        a_seeds = by_seed(_one_condition(record, results, {over: v, **claim.spec["a"]}, "a"), claim.metric)
-        y = a_seeds if b is None else _diff(a_seeds, by_seed(_one_condition(record, results, {over: v, **b}, "b"),
-                                                             claim.metric))
-        for seed, value in y.items():
-            if math.isfinite(value):
-                series.setdefault(seed, {})[x] = value
-    first = values[0]
-    for v, x in zip(values, xs):
-        if b is None and v == first:
-            continue
-        if b is None:
-            d = _diff({s: pts[x] for s, pts in series.items() if x in pts},
-                      {s: pts[xs[0]] for s, pts in series.items() if xs[0] in pts})
-            parts.append(f"{over}={v} minus {over}={first}: {paired_text(_as_paired(d))}")
-        else:
-            d = {s: pts[x] for s, pts in series.items() if x in pts}
-            parts.append(f"{over}={v}: {paired_text(_as_paired(d))}")
+    over, b = claim.spec["over"], (claim.spec["b"] or [None])[0]
+    xs = _log2_values(values, over)
+    series = _series(claim, record, results, values, xs)
+    parts = _trend_parts(series, over, values, xs, relative=b is None)
     slopes = {s: _slope(pts) for s, pts in series.items() if len(pts) >= 2}
     if not slopes:
         return Verdict(claim, "no finished runs", NOT_RUN, parts)
@@ -358,6 +340,35 @@ def _trend(claim: Claim, record: dict, results: list[RunResult], values: list[st
     measured = f"{head}, slope per doubling of {over}: {paired_text(p)}; " + "; ".join(parts)
     expect = "greater" if claim.expect == "increasing" else "less"
     return Verdict(claim, measured, paired_verdict(p, expect), parts, robustness(p))
+
+
+def _series(claim: Claim, record: dict, results: list[RunResult], values: list[str],
+            xs: list[float]) -> dict[str, dict[float, float]]:
+    """{seed: {log2 x: a - b (or a) at x}} over the `over` axis values."""
+    over, b = claim.spec["over"], (claim.spec["b"] or [None])[0]
+    series: dict[str, dict[float, float]] = {}
+    for v, x in zip(values, xs):
+        y = by_seed(_one_condition(record, results, {over: v, **claim.spec["a"]}, "a"), claim.metric)
+        if b is not None:
+            y = _diff(y, by_seed(_one_condition(record, results, {over: v, **b}, "b"), claim.metric))
+        for seed, value in y.items():
+            if math.isfinite(value):
+                series.setdefault(seed, {})[x] = value
+    return series
+
+
+def _trend_parts(series: dict[str, dict[float, float]], over: str, values: list[str], xs: list[float],
+                 relative: bool) -> list[str]:
+    """The series at each value, paired by seed; ``relative``: minus its value at the first one."""
+    parts = []
+    for v, x in zip(values, xs):
+        at = {s: pts[x] for s, pts in series.items() if x in pts}
+        if not relative:
+            parts.append(f"{over}={v}: {paired_text(_as_paired(at))}")
+        elif v != values[0]:
+            first = {s: pts[xs[0]] for s, pts in series.items() if xs[0] in pts}
+            parts.append(f"{over}={v} minus {over}={values[0]}: {paired_text(_as_paired(_diff(at, first)))}")
+    return parts
 
 
 def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

@@ -182,6 +182,17 @@ def headline_figure(record: dict, results: list[RunResult], out: Path, loss_axis
         ax.grid(alpha=0.3)
     bottom.set_xlabel("N (optimizer steps per rollout batch; mini-batch fixed)")
     top.legend(fontsize=7, ncol=2)
+    _curves_per_n(right, results, losses, ns, loss_axis, n_axis)
+    fig.suptitle(f"{record['name']}: final accuracy against staleness N, paired differences, and the curves behind "
+                 "them", fontsize=12)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _curves_per_n(right, results: list[RunResult], losses: list[str], ns: list[str], loss_axis: str,
+                  n_axis: str) -> None:
+    """One panel per N: the training reward of every loss against optimizer steps."""
     cols = min(3, len(ns))
     axs = right.subplots(math.ceil(len(ns) / cols), cols, squeeze=False, sharex=True, sharey=True)
     for ax, n in zip(axs.flat, ns):
@@ -197,11 +208,6 @@ def headline_figure(record: dict, results: list[RunResult], out: Path, loss_axis
     for r in axs:
         r[0].set_ylabel("training reward")
     right.suptitle("training reward (seed mean, min-max band)", fontsize=10)
-    fig.suptitle(f"{record['name']}: final accuracy against staleness N, paired differences, and the curves behind "
-                 "them", fontsize=12)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
 
 
 def _paired_vs_n(ax, record: dict, results: list[RunResult], losses: list[str], ref: str, ns: list[str],
@@ -253,6 +259,15 @@ def _final_vs_x(ax, runs: list[RunResult], axis: str, labels: list[str], xs: lis
 # ---------------------------------------------------------------- the learning-rate range
 
 
+def _rate_vs_lr(ax, rng: LrRange, shift: float, label: str, color: str) -> None:
+    """The collapse rate at each learning rate with its exact interval (x nudged by ``shift``)."""
+    rates = [(p.lr * shift, rate_ci(p.collapsed, p.runs)) for p in rng.points if p.runs]
+    if rates:
+        ax.errorbar([x for x, _ in rates], [r.mean for _, r in rates],
+                    yerr=[[r.mean - r.low for _, r in rates], [r.high - r.mean for _, r in rates]],
+                    fmt="o-", color=color, label=label, markersize=3.5, linewidth=1.1, capsize=2.5)
+
+
 def lr_figure(record: dict, results: list[RunResult], ranges: list[LrRange], out: Path,
               metric: str = "eval_sampled", lr_axis: str = LR_AXIS) -> Path:
     """Top: final reward against the learning rate per loss, the stable range as a bar. Bottom: the
@@ -267,12 +282,7 @@ def lr_figure(record: dict, results: list[RunResult], ranges: list[LrRange], out
                     color)
         if rng.low is not None:  # one thin bar per condition along the top
             top.axvspan(rng.low, rng.high, ymin=0.985 - 0.025 * i, ymax=0.995 - 0.025 * i, color=color, alpha=0.8)
-        shift = 2 ** ((i - (len(ranges) - 1) / 2) * 0.03)
-        rates = [(p.lr * shift, rate_ci(p.collapsed, p.runs)) for p in rng.points if p.runs]
-        if rates:
-            bottom.errorbar([x for x, _ in rates], [r.mean for _, r in rates],
-                            yerr=[[r.mean - r.low for _, r in rates], [r.high - r.mean for _, r in rates]],
-                            fmt="o-", color=color, label=label, markersize=3.5, linewidth=1.1, capsize=2.5)
+        _rate_vs_lr(bottom, rng, 2 ** ((i - (len(ranges) - 1) / 2) * 0.03), label, color)
     lrs = sorted({p.lr for rng in ranges for p in rng.points})
     for ax in (top, bottom):
         ax.set_xscale("log")
