@@ -159,6 +159,12 @@ class RunConfig:
     mode: str = opt("sync", "training mode", choices=["sync", "async"])
     checkpoint_every: int = opt(10, "rollout steps between checkpoints; 0 writes one only at the end", ge=0)
     eval_every: int = opt(0, "rollout steps between evaluations on held-out problems; 0 only before and after", ge=0)
+    eval_every_updates: int = opt(0, "optimizer steps between evaluations on held-out problems (a multiple of "
+                                  "staleness.n), so runs at every N are evaluated after the same updates; 0 never",
+                                  ge=0)
+    eval_every_size: int = opt(0, "held-out problems in each evaluation during the run (run.eval_every, "
+                               "run.eval_every_updates): the first ones of the held-out set, the same each time; "
+                               "0 all of them", ge=0)
     log_samples_every: int = opt(10, "rollout steps between sample logs (RUN_DIR/samples.jsonl and TensorBoard "
                                  "text); 0 never", ge=0)
     samples_per_log: int = opt(4, "rows written per sample log: prompt, completion, reward, advantage, lag, log W, "
@@ -337,6 +343,9 @@ def validate(cfg: Config) -> Config:
     if cfg.run.updates and cfg.run.updates % s.n:
         raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
                           "rollout steps of N optimizer steps each)")
+    if cfg.run.eval_every_updates % s.n:
+        raise ConfigError(f"run.eval_every_updates={cfg.run.eval_every_updates} must be a multiple of staleness.n={s.n} "
+                          "(evaluations fall between rollout steps)")
     if not s.minibatch_prompts and r.prompts_per_step % s.n:
         raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
                           "(each mini-batch holds whole groups)")

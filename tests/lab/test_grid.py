@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from vespo.config import ConfigError, load_config
-from vespo.lab.grid import SweepError, load_sweep
+from vespo.lab.collapse import RULE
+from vespo.lab.grid import SweepError, budget_table, load_sweep, planned
 
 
 def _write(tmp_path, data, name="s.yaml"):
@@ -53,34 +54,33 @@ def test_malformed_sweep_files_name_the_key(tmp_path, data, match):
 
 
 LAB = Path(__file__).resolve().parents[2] / "configs" / "lab"
-
+STEMS = sorted(f.stem for f in LAB.glob("*.yaml") if f.name != "claims.yaml")
 
 @pytest.fixture(scope="module")
-def shipped_points(tmp_path_factory):
-    """(file stem, point name, resolved config) of every lab sweep file."""
-    tmp_path = tmp_path_factory.mktemp("bases")
-    out = []
-    for f in sorted(LAB.glob("*.yaml")):
-        if f.name == "claims.yaml":
-            continue
-        sweep = load_sweep(f)
-        base = tmp_path / f"{f.stem}.yaml"
-        base.write_text(yaml.safe_dump(sweep.base))
-        for point in sweep.points():
-            try:
-                out.append((f.stem, point.name, load_config(base, point.overrides)))
-            except ConfigError as e:
-                raise AssertionError(f"{f.name}: {point.name}: {e}") from None
-    return out
+def shipped_points(shipped):
+    """(file stem, point name, resolved config) of every lab sweep point that validates."""
+    return [(stem, name, cfg) for stem, (ok, _, _) in shipped.items() for name, cfg in ok]
 
 
-def test_every_shipped_lab_config_expands_and_validates(shipped_points):
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_shipped_point_validates_but_for_methods_not_yet_registered(shipped, stem):
+    ok, pending, errors = shipped[stem]
+    assert not errors, f"{stem}.yaml: {errors[0][0]}: {errors[0][1]}"
+    assert ok, f"{stem}.yaml: no grid point validates"
+    if pending:
+        waiting = sorted({method for _, method in pending})
+        pytest.xfail(f"{stem}.yaml: {len(pending)} of {len(ok) + len(pending)} points wait for {', '.join(waiting)} "
+                     "to be registered")
+
+
+def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
     points = shipped_points
-    stems = {stem for stem, _, _ in points}
-    assert stems == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry", "async", "lr_range",
-                     "lr_range_async", "mismatch", "mismatch_dense", "adaptive_failure"}
-    assert len(points) >= 300
+    assert {stem for stem, _, _ in points} == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry",
+                                               "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
+                                               "adaptive_failure", "endpoint"}
     for stem, name, cfg in points:
+        # the collapse rule's evidence: held-out evaluations after the same updates at every N
+        assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
         if stem == "adaptive_failure":  # deliberately the earlier, pre-protocol setting it reruns
             assert cfg.staleness.n == 32 and cfg.prompts_per_minibatch == 1, name
             continue
@@ -90,10 +90,30 @@ def test_every_shipped_lab_config_expands_and_validates(shipped_points):
         # the paper's GRPO baseline: clip-higher
         if cfg.loss.name == "grpo":
             assert (cfg.loss.options["eps_low"], cfg.loss.options["eps_high"]) == (0.2, 0.28), (stem, name)
-        if stem != "quick":  # held-out sampling error <= sqrt(0.25 / 1024) = 0.016
+        if stem != "quick":  # held-out sampling error <= sqrt(0.25 / 1024) = 0.016; every 64 updates on 256
             assert cfg.task.eval_size >= 1000, (stem, name)
+            assert (cfg.run.eval_every_updates, cfg.run.eval_every_size) == (RULE.every, 256), (stem, name)
         if stem not in ("quick", "staleness_short"):  # answers of >= 16 letters + EOS
             assert cfg.task.name == "reverse" and cfg.task.options["length"] >= 16, (stem, name)
+
+
+def _seeds_per(stem: str, axis: str = "loss") -> dict[str, int]:
+    counts: dict[str, set] = {}
+    for point in load_sweep(LAB / f"{stem}.yaml").points():
+        counts.setdefault(point.labels[axis], set()).add(point.labels["seed"])
+    return {k: len(v) for k, v in counts.items()}
+
+
+def test_ten_seeds_where_the_headline_rests():
+    headline = {"vespo", "grpo", "dppo_tv", "m2po", "vespo_ess_lr"}
+    for stem in ("staleness", "async"):
+        seeds = _seeds_per(stem)
+        assert {k for k, n in seeds.items() if n == 10} == headline, (stem, seeds)
+        assert {k for k, n in seeds.items() if n != 10} == {"gspo", "sapo", "dppo_kl", "grpo_ess_lr"}, (stem, seeds)
+        assert all(n >= 5 for n in seeds.values())
+    assert {p.labels["N"] for p in load_sweep(LAB / "staleness.yaml").points()} == {"1", "8", "64"}
+    for stem in ("length_norm", "asymmetry", "mismatch", "mismatch_dense", "endpoint"):
+        assert len({p.labels["seed"] for p in load_sweep(LAB / f"{stem}.yaml").points()}) == 5, stem
 
 
 def test_the_experiments_vary_what_they_say(shipped_points):
@@ -101,18 +121,37 @@ def test_the_experiments_vary_what_they_say(shipped_points):
     for stem, name, cfg in shipped_points:
         by.setdefault(stem, []).append(cfg)
     staleness = by["staleness"]
-    assert sorted({c.staleness.n for c in staleness}) == [1, 4, 8, 16, 32, 64]
+    assert sorted({c.staleness.n for c in staleness}) == [1, 8, 64]
     assert {c.staleness.n * 8 for c in staleness} == {c.prompts_per_step for c in staleness}
-    assert {c.run.updates for c in staleness} == {512} and len({c.run.seed for c in staleness}) == 5
+    assert {c.run.updates for c in staleness} == {512}
     assert {c.loss.options.get("length_norm") for c in by["length_norm"]} == {"none", "sqrt", "linear"}
     for stem in ("async", "lr_range_async"):
         assert {(c.run.mode, c.staleness.behavior, c.async_.sync_every) for c in by[stem]} == {("async", "rollout", 4)}
-    for stem in ("lr_range", "lr_range_async"):
+    for stem in ("lr_range", "lr_range_async"):  # 8 learning rates, evenly spaced in log (1.5x-1.7x apart)
         lrs = sorted({c.optim.lr for c in by[stem]})
-        assert len(lrs) >= 5 and lrs[-1] / lrs[0] >= 10 and len({c.run.seed for c in by[stem]}) >= 3
+        steps = [b / a for a, b in zip(lrs, lrs[1:])]
+        assert len(lrs) == 8 and all(1.5 <= x <= 1.7 for x in steps) and lrs[-1] >= 1e-3, lrs
+        assert len({c.run.seed for c in by[stem]}) >= 3
+    # the end point: 4x the staleness sweep's updates at N = 1 and 64
+    assert {(c.staleness.n, c.run.updates) for c in by["endpoint"]} == {(1, 2048), (64, 2048)}
     for stem in ("mismatch", "mismatch_dense"):  # mu's source is the same in every row of a comparison
-        assert {(c.staleness.behavior, c.rollout.engine_dtype) for c in by[stem]} == {("recompute", "bfloat16")}
+        assert {c.staleness.behavior for c in by[stem]} == {"recompute"}
+        # the mismatch, and a control without it
+        assert {c.rollout.engine_dtype for c in by[stem]} == {"bfloat16", "float32"}
     assert {c.model.arch for c in by["mismatch"]} == {"qwen3_moe"} and {c.model.arch for c in by["mismatch_dense"]} == {"qwen3"}
+
+
+def test_exclude_leaves_out_matching_points(tmp_path):
+    sweep = load_sweep(_write(tmp_path, {"grid": {"run.seed": [0, 1, 2], "loss.name": ["grpo", "vespo"]},
+                                         "exclude": [{"loss": "grpo", "seed": [1, 2]}]}))
+    assert [p.name for p in sweep.points()] == ["seed=0,loss=grpo", "seed=0,loss=vespo", "seed=1,loss=vespo",
+                                                "seed=2,loss=vespo"]
+    record = {"axes": [{"label": a.label, "values": a.values} for a in sweep.axes], "exclude": sweep.exclude}
+    assert planned(record) == 4 and planned({"axes": record["axes"]}) == 6
+    with pytest.raises(SweepError, match=r"exclude\[0\]: loss=\['sapo'\] is not on the grid"):
+        load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}, "exclude": [{"loss": "sapo"}]}))
+    with pytest.raises(SweepError, match="exclude must be a list"):
+        load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}, "exclude": {"loss": "grpo"}}))
 
 
 def test_reference_and_cost(tmp_path):
@@ -135,3 +174,17 @@ def test_reference_and_cost(tmp_path):
 def test_bad_reference_or_cost_is_named(tmp_path, data, match):
     with pytest.raises(SweepError, match=match):
         load_sweep(_write(tmp_path, data))
+
+
+BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
+                "mismatch_dense", "staleness_short", "adaptive_failure", "quick"]
+
+
+def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
+    """docs/lab.md shows the table the sweep files' `cost` fields give, and the lab fits 8 hours with
+    --jobs 2 (with 10 minutes left for the warm starts)."""
+    assert sorted(BUDGET_ORDER) == STEMS
+    repo = LAB.parents[1]
+    table, minutes = budget_table([LAB / f"{stem}.yaml" for stem in BUDGET_ORDER], repo)
+    assert table in (repo / "docs" / "lab.md").read_text(), "regenerate the table in docs/lab.md:\n" + table
+    assert minutes <= 8 * 60 - 10

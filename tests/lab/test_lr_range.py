@@ -3,7 +3,7 @@ seed collapsed, its width and reward, and what breaks it (one collapsed seed, an
 
 import pytest
 
-from vespo.lab import report
+from vespo.lab import tables
 from vespo.lab.lr_range import lr_ranges, lr_text, widest_stable
 from vespo.lab.results import read_sweep
 from vespo.lab.stats import mean_ci
@@ -59,11 +59,13 @@ def test_no_stable_learning_rate():
 def test_the_lr_table(synthetic):
     dead = {("vespo", "5e-4", s) for s in "012"} | {("grpo", "2e-4", "1")}
     record, results = _sweep(synthetic, dead)
-    table = report.lr_table(record, results).splitlines()
-    assert table[0] == "| loss | stable lr range | width | best held-out sampled in it | per lr: collapsed/runs |"
+    table = tables.lr_table(record, results).splitlines()
+    assert table[0] == ("| loss | stable lr range | width | best held-out sampled in it | per lr: collapsed/runs, "
+                        "rate [90% exact interval] |")
     assert table[2].startswith("| vespo | 5e-5 to 3e-4 | 6x | 0.440 [")
     assert table[3].startswith("| grpo | 5e-5 to 1e-4 | 2x |")  # beats 3e-4 to 5e-4 (1.67x)
-    assert "2e-4: 1/3" in table[3]
+    # 1 of 3: Clopper-Pearson [beta.ppf(0.05, 1, 3), beta.ppf(0.95, 2, 2)] = [0.017, 0.865]; 3 of 3: [0.368, 1]
+    assert "2e-4: 1/3 [0.02, 0.86]" in table[3] and "5e-4: 3/3 [0.37, 1.00]" in table[2]
 
 
 def test_lr_text():

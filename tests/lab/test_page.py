@@ -6,7 +6,8 @@ import re
 import pytest
 import yaml
 
-from vespo.lab import report
+from vespo.lab import collapse, report, stats, tables
+from vespo.lab.results import read_sweep
 
 
 def _sweeps(synthetic):
@@ -45,10 +46,12 @@ def test_the_page(synthetic, tmp_path):
     text = page.read_text()
     assert "Single runs are not results" in text and "grow chaotically" in text and "distribution over seeds" in text
     rows = [line for line in text.splitlines() if re.match(r"\| \d \|", line)]
+    # +0.1 on each of 3 seeds: the interval excludes 0, but 3 seeds are fewer than robust asks for
     assert rows[0] == ("| 1 | VESPO above GRPO at N = 64 | staleness | eval_sampled difference vs loss=grpo: "
-                       "+0.100 [+0.100, +0.100], 3 seeds, higher in 3 | **agrees** |")
-    assert rows[1].endswith("| **not resolved** |")  # equal on both seeds: a zero-width interval at 0
-    assert rows[2] == "| 3 | no length normalization is best | length_norm | sweep 'length_norm' not run | **not run** |"
+                       "+0.100 [+0.100, +0.100], 3 seeds, higher in 3 | **agrees** | supported |")
+    assert rows[1].endswith("| **not resolved** | unclear |")  # equal on both seeds: a zero-width interval at 0
+    assert rows[2] == ("| 3 | no length normalization is best | length_norm | sweep 'length_norm' not run | "
+                       "**not run** | – |")
     assert "![headline](results/staleness/headline.png)" in text
     # the sweeps table: finished / grid, wall time (sum of the sessions), commits (dirty marked), machine
     assert ("| `staleness` | `configs/lab/staleness.yaml` | 12 / 12 | 60 min, 2 calls (runs 12 min in all) | "
@@ -61,6 +64,51 @@ def test_the_page(synthetic, tmp_path):
     for link in re.findall(r"\]\((results/[^)]+)\)", text):
         assert (page.parent / link).is_file(), link
     assert (page.parent / "results" / "asymmetry" / "report.md").read_text().startswith("## Sweep `asymmetry`")
+
+
+def test_the_page_says_how_numbers_are_judged_from_the_code(synthetic, tmp_path):
+    """The interval's coverage and the collapse rule's rates are computed by the code that makes the
+    intervals and applies the rule, and the page shows the same tables as each sweep's report."""
+    st, ab = _sweeps(synthetic)
+    page = tmp_path / "results.md"
+    assert report.main([str(st.dir), str(ab.dir), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert f"Every interval on this page is a {stats.METHOD} at 90%" in text
+    for c in stats.coverage_table():
+        assert f"{c.covered:.1%} (wholly above: {c.above:.1%})" in text
+    assert collapse.describe() in text
+    assert "| stable, calm (wobble 0.3) | 0.0% |" in text
+    record, results = read_sweep(st.dir)
+    assert tables.condition_table(record, results) in text and tables.paired_table(record, results) in text
+    assert "In the sweeps below the rule flagged 0 of 16 finished runs" in text
+
+
+def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
+    st, ab = _sweeps(synthetic)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"recommend": [{"setting": "synchronous training", "sweep": "staleness",
+                                                     "among": "loss", "over": "N"}], "claims": []}))
+    page = tmp_path / "results.md"
+    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
+    text = page.read_text()
+    head = text.split("## Recommendation")[1].split("**Single runs")[0]
+    # vespo - grpo = +0.1 on each of 3 seeds at both N
+    assert "**Synchronous training**" in head
+    assert ("- N = 64: use **VESPO** (held-out 0.610 [0.593, 0.627]); ahead of GRPO by +0.100 [+0.100, +0.100], "
+            "higher in 3/3 seeds (supported)") in head
+    assert "What this scale cannot say:" in head
+
+
+def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):
+    st, _ = _sweeps(synthetic)
+    page = tmp_path / "results.md"
+    stale = tmp_path / "results" / "staleness" / "reward_equal_curve.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    assert not stale.exists()
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["grad_norm.png", "headline.png", "kl.png", "report.md",
+                                                              "reward.png"]
 
 
 def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):

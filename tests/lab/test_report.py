@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from vespo.lab import report
+from vespo.lab import figures, report, tables
 from vespo.lab.results import by_seed, last_share_mean, read_sweep
 from vespo.lab.stats import mean_ci, paired_difference
 
@@ -49,36 +49,54 @@ def _staleness(synthetic):
     return sw, evals
 
 
-def test_condition_rows_give_the_mean_over_seeds_with_its_bootstrap_interval(synthetic):
+def test_condition_rows_give_the_mean_over_seeds_with_its_interval(synthetic):
     sw, evals = _staleness(synthetic)
     record, results = read_sweep(sw.dir)
-    table = report.condition_table(record, results).splitlines()
+    table = tables.condition_table(record, results).splitlines()
     assert table[0].startswith("| loss | N | runs | held-out sampled | held-out greedy | train (last quarter) | "
-                               "collapsed |")
+                               "updates to 0.6 | seconds to 0.6 | collapsed |")
     rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in table[2:]}
     vespo8 = rows[("| vespo", "8")]
     ci = mean_ci([evals[("vespo", "8", s)] for s in "012"])
-    assert vespo8[2] == "3" and vespo8[3] == report.ci_text(ci) == f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
-    assert vespo8[6] == "0/3"
+    assert vespo8[2] == "3" and vespo8[3] == tables.ci_text(ci) == f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+    assert vespo8[8] == "0/3"
+    # 4 rows of 8 updates: one window of 64 updates, mean training reward 0.55 < 0.6
+    assert vespo8[6] == vespo8[7] == "never (0/3)"
     grpo8 = rows[("| grpo", "8")]
-    assert grpo8[6] == "1/3 (reward)"  # seed 2 fell below half its best (0.25) for its last 2 of 4 rows
+    assert grpo8[8] == "1/3 (reward)"  # seed 2 fell below half its best (0.25) for its last 2 of 4 evaluations
     # train = the last quarter of 4 rows at N = 8 = row 4: 0.6, 0.6, 0.0
-    assert grpo8[5] == report.ci_text(mean_ci([0.6, 0.6, 0.0]))
+    assert grpo8[5] == tables.ci_text(mean_ci([0.6, 0.6, 0.0]))
     # max grad norm = 2 x 4 rows; log W range over all rows [-4, 0.5]
-    assert grpo8[7] == "8.000" and grpo8[9] == "[-4.00, 0.50]"
+    assert grpo8[9] == "8.000" and grpo8[11] == "[-4.00, 0.50]"
+
+
+def test_time_to_the_target_reward_is_the_same_measure_at_every_n(synthetic):
+    """Windows of 64 updates of training reward (the same samples at every N): the first whose mean
+    reaches 0.6 ends after 192 updates at N = 1 (rows 129..192) and at N = 64 (row 3)."""
+    sw = synthetic("t", {"N": ["1", "64"], "seed": ["0"]})
+    per_window = [0.3, 0.5, 0.62, 0.7]
+    sw.run({"N": "1", "seed": "0"}, [per_window[k // 64] for k in range(256)], n=1, eval_sampled=0.6, step_s=0.5)
+    sw.run({"N": "64", "seed": "0"}, per_window, n=64, eval_sampled=0.6, step_s=40.0)
+    _, (n1, n64) = read_sweep(sw.dir)
+    assert n1.stats["updates_to_target"] == n64.stats["updates_to_target"] == 192.0
+    assert n1.stats["seconds_to_target"] == 192 * 0.5 and n64.stats["seconds_to_target"] == 3 * 40.0
+    sw2 = synthetic("u", {"seed": ["0"]})
+    sw2.run({"seed": "0"}, [0.3, 0.5, 0.55, 0.59], n=64, eval_sampled=0.6)
+    _, (never,) = read_sweep(sw2.dir)
+    assert math.isnan(never.stats["updates_to_target"]) and math.isnan(never.stats["seconds_to_target"])
 
 
 def test_paired_differences_against_vespo_seed_by_seed(synthetic):
     sw, evals = _staleness(synthetic)
     record, results = read_sweep(sw.dir)
-    table = report.paired_table(record, results).splitlines()
+    table = tables.paired_table(record, results).splitlines()
     assert table[0] == ("| N | loss | Δ held-out sampled | Δ held-out greedy | Δ train (last quarter) | seeds | "
                         "higher in |")
     assert len(table) == 4  # grpo at N = 1 and N = 8
     grpo8 = table[3].split(" | ")
     p = paired_difference({s: evals[("grpo", "8", s)] for s in "012"}, {s: evals[("vespo", "8", s)] for s in "012"})
     assert p.diff.mean == pytest.approx(-0.05)
-    assert grpo8[:2] == ["| 8", "grpo"] and grpo8[2] == report.ci_text(p.diff, signed=True)
+    assert grpo8[:2] == ["| 8", "grpo"] and grpo8[2] == tables.ci_text(p.diff, signed=True)
     assert grpo8[2].startswith("-0.050 [-0.050, -0.050]")  # the same difference on every seed
     assert grpo8[5:] == ["3", "0/3 |"]
 
@@ -98,7 +116,7 @@ def test_a_run_that_failed_otherwise_is_left_out_and_counted(synthetic):
     sw.run({"loss": "vespo", "seed": "1"}, [0.4], returncode=1, status="failed")
     record, results = read_sweep(sw.dir)
     assert by_seed(results, "eval_sampled") == {"0": 0.6}
-    row = report.condition_table(record, results).splitlines()[2].split(" | ")
+    row = tables.condition_table(record, results).splitlines()[2].split(" | ")
     assert row[1] == "1 (+1 not finished)" and row[2] == "0.600"
 
 
@@ -116,11 +134,11 @@ def test_report_main_writes_markdown_and_figures(synthetic, tmp_path):
 
 def test_layout_defaults_and_bad_axes():
     record = {"axes": [{"label": "loss"}, {"label": "N"}, {"label": "seed"}]}
-    assert report.layout(record, None, None) == ("loss", ["N"])
-    assert report.layout(record, "N", None) == ("N", ["loss"])
-    assert report.layout({"axes": [{"label": "kernel"}, {"label": "seed"}]}, None, None) == (None, ["kernel"])
+    assert figures.layout(record, None, None) == ("loss", ["N"])
+    assert figures.layout(record, "N", None) == ("N", ["loss"])
+    assert figures.layout({"axes": [{"label": "kernel"}, {"label": "seed"}]}, None, None) == (None, ["kernel"])
     with pytest.raises(ValueError, match="--panel 'lr' is not a grid axis"):
-        report.layout(record, "lr", None)
+        figures.layout(record, "lr", None)
 
 
 def test_not_a_sweep_directory_is_named(tmp_path, capsys):
@@ -131,3 +149,35 @@ def test_not_a_sweep_directory_is_named(tmp_path, capsys):
 def test_several_sweeps_need_a_page(tmp_path):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_the_lab_modules_import_no_cycle():
+    """page imports the tables the report prints and report imports page, never the other way round:
+    the lab's import graph (every `import`, also inside functions) has no cycle."""
+    import ast
+    from pathlib import Path
+
+    lab = Path(report.__file__).parent
+    graph = {}
+    for f in lab.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vespo.lab"):
+                names |= {node.module} | {f"vespo.lab.{a.name}" for a in node.names if node.module == "vespo.lab"}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.startswith("vespo.lab.")}
+        graph[f"vespo.lab.{f.stem}"] = {n for n in names if n != "vespo.lab"}
+    state = {}
+
+    def visit(node, path):
+        assert state.get(node) != "open", " -> ".join(path + [node])
+        if state.get(node) == "done":
+            return
+        state[node] = "open"
+        for nxt in graph.get(node, ()):
+            visit(nxt, path + [node])
+        state[node] = "done"
+
+    for node in graph:
+        visit(node, [])
+    assert "vespo.lab.report" not in graph["vespo.lab.page"] and "vespo.lab.page" in graph["vespo.lab.report"]

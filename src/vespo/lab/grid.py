@@ -7,6 +7,7 @@ A sweep file (YAML):
     overrides: [task.name=reverse]  # applied to every run
     reference: {loss: vespo}        # the condition every other is paired against, per seed (optional)
     cost: {run_s: 65, jobs: 2, note: "why"}   # wall seconds of one run when `jobs` share the machine
+                                    # (optional: true = outside the lab's time budget)
     grid:                           # the runs are the Cartesian product of the axes, in this order
       loss.name: [grpo, gspo, sapo, vespo]       # a config field and its values
       staleness.n: [1, 8, 32]
@@ -14,6 +15,8 @@ A sweep file (YAML):
         asym: [loss.options.k_pos=2.0, loss.options.lambda_pos=3.0]
         sym: [loss.options.k_pos=2.0, loss.options.lambda_pos=2.0]
       run.seed: [0, 1, 2]
+    exclude:                        # grid points left out: any point matching one entry (optional)
+      - {loss: [gspo, sapo], seed: ["5", "6", "7", "8", "9"]}    # e.g. 5 seeds for some losses, 10 for others
 
 Each grid point gets labels (axis label -> value) and a directory name built from them, e.g.
 ``loss=vespo,N=32,seed=0``. Axis labels: ``loss.name`` -> loss, ``staleness.n`` -> N,
@@ -40,7 +43,7 @@ from vespo.errors import UserError
 
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
          "model.arch": "model", "loss.options.length_norm": "length_norm"}
-KEYS = ("base", "cost", "description", "grid", "name", "overrides", "reference")
+KEYS = ("base", "cost", "description", "exclude", "grid", "name", "overrides", "reference")
 SEED_AXIS = "seed"
 
 
@@ -65,6 +68,7 @@ class Cost:
     run_s: float  # wall seconds of one run ...
     jobs: int  # ... when this many runs share the machine (`--jobs`)
     note: str = ""  # what the number rests on
+    optional: bool = False  # outside the lab's time budget
 
     def wall_s(self, runs: int) -> float:
         return runs * self.run_s / self.jobs
@@ -79,9 +83,10 @@ class Sweep:
     source: str = ""  # the sweep file, for error messages
     reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
     cost: Cost | None = None
+    exclude: list[dict[str, list[str]]] = field(default_factory=list)  # points matching one entry are left out
 
     def points(self) -> list[GridPoint]:
-        """Every grid point, in row-major order of the axes."""
+        """Every grid point not excluded, in row-major order of the axes."""
         out = []
         for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
             labels, overrides = {}, list(self.overrides)
@@ -89,8 +94,21 @@ class Sweep:
                 value, ov = axis.pick(i)
                 labels[axis.label] = value
                 overrides += ov
-            out.append(GridPoint(labels, overrides))
+            if not excluded(labels, self.exclude):
+                out.append(GridPoint(labels, overrides))
         return out
+
+
+def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
+    """Whether a grid point's labels match one of the sweep's ``exclude`` entries."""
+    return any(all(labels.get(axis) in values for axis, values in entry.items()) for entry in exclude)
+
+
+def planned(record: dict) -> int:
+    """How many runs a sweep directory's grid (its sweep.json record) holds, exclusions left out."""
+    axes = record["axes"]
+    combos = itertools.product(*(a["values"] for a in axes))
+    return sum(not excluded(dict(zip([a["label"] for a in axes], c)), record.get("exclude", [])) for c in combos)
 
 
 @dataclass
@@ -121,7 +139,8 @@ def load_sweep(path: str | Path) -> Sweep:
     axes = _axes(data.get("grid"), path)
     return Sweep(name=str(data.get("name") or path.stem), base=_base(data.get("base"), path),
                  overrides=_str_list(data.get("overrides", []), f"{path}: overrides"), axes=axes, source=str(path),
-                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path))
+                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path),
+                 exclude=_exclude(data.get("exclude"), axes, path))
 
 
 def _base(base: Any, path: Path) -> dict:
@@ -171,15 +190,54 @@ def _reference(ref: Any, axes: list[Axis], path: Path) -> dict[str, str]:
     return {axis: str(value)}
 
 
+def _exclude(exclude: Any, axes: list[Axis], path: Path) -> list[dict[str, list[str]]]:
+    if exclude is None:
+        return []
+    values = {a.label: a.values for a in axes}
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
+        raise SweepError(f"{path}: exclude must be a list of {{axis: value or [values]}} mappings, got {exclude!r}")
+    out = []
+    for i, entry in enumerate(exclude):
+        checked = {}
+        for axis, v in entry.items():
+            vs = [_label(x) for x in (v if isinstance(v, list) else [v])]
+            bad = [x for x in vs if x not in values.get(axis, [])]
+            if axis not in values or bad:
+                raise SweepError(f"{path}: exclude[{i}]: {axis}={bad or vs} is not on the grid; axes: {values}")
+            checked[axis] = vs
+        out.append(checked)
+    return out
+
+
 def _cost(cost: Any, path: Path) -> Cost | None:
     if cost is None:
         return None
-    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note"} or "run_s" not in cost:
-        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note), got {cost!r}")
+    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note", "optional"} or "run_s" not in cost:
+        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note, optional), got {cost!r}")
     run_s, jobs = cost["run_s"], cost.get("jobs", 1)
     if not isinstance(run_s, (int, float)) or run_s <= 0 or not isinstance(jobs, int) or jobs < 1:
         raise SweepError(f"{path}: cost.run_s must be a number > 0 and cost.jobs an integer >= 1, got {cost!r}")
-    return Cost(float(run_s), jobs, str(cost.get("note", "")))
+    return Cost(float(run_s), jobs, str(cost.get("note", "")), bool(cost.get("optional", False)))
+
+
+def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> tuple[str, float]:
+    """(markdown table, minutes of the budgeted sweeps): per sweep file (its path shown relative to
+    ``repo``) its command, runs, assumed cost per run and expected wall time, from the files' `cost`;
+    optional sweeps are marked and left out of the total."""
+    rows, total = [], 0.0
+    for path in paths:
+        sweep = load_sweep(path)
+        if sweep.cost is None:
+            continue
+        c, runs = sweep.cost, len(sweep.points())
+        minutes = c.wall_s(runs) / 60
+        total += 0.0 if c.optional else minutes
+        rows.append(f"| `{sweep.name}`{' (optional)' if c.optional else ''} | `vespo sweep {path.relative_to(repo).as_posix()} --out "
+                    f"{out_root}/{sweep.name} --jobs {c.jobs}` | {runs} | {c.run_s:g} s, {c.jobs} at a time | "
+                    f"{minutes:.0f} min |")
+    head = ["| sweep | command | runs | assumed per run | expected wall |", "| --- | --- | --- | --- | --- |"]
+    tail = f"| total, without the optional sweeps | | | | {total:.0f} min = {total / 60:.1f} h |"
+    return "\n".join(head + rows + [tail]), total
 
 
 def _label(value: Any) -> str:

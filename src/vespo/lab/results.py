@@ -13,6 +13,10 @@ What "final" means (the same at every N under the paper's protocol of equal opti
                    quarter of the run's optimizer steps: the same number of samples at every N
                    when N divides a quarter of the run
 
+Beside "final", the speed to get there (time to accuracy): the optimizer steps and the training
+wall time until the training reward, averaged over a window of 64 updates (the same samples at
+every N), first reaches TARGET_REWARD; nan for a run that never does.
+
 A run the trainer stopped for non-finite updates has no evaluation; it counts as reward 0 (its
 policy is broken). A run that failed otherwise, or has not finished, is left out of the statistics
 and listed as such.
@@ -27,12 +31,14 @@ from pathlib import Path
 
 import yaml
 
-from vespo.lab.collapse import Collapse, collapse_of_rows
+from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS
 from vespo.metrics import read_jsonl
 from vespo.plot import Run, load_run
 
 LAST_SHARE = 0.25  # train_last: the last quarter of the optimizer steps
+TARGET_REWARD = 0.6  # time to accuracy: the training reward to reach
+TARGET_WINDOW = RULE.every  # ... averaged over windows of this many updates
 
 METRICS = {  # name -> what it is (the report's definitions)
     "eval_sampled": "held-out accuracy after the last update, one sample per problem",
@@ -40,6 +46,9 @@ METRICS = {  # name -> what it is (the report's definitions)
     "train_last": "training reward over the last quarter of the optimizer steps",
     "best_reward": "best training reward of a rollout step",
     "collapsed": "1 if the run collapsed, else 0",
+    "updates_to_target": f"optimizer steps until the training reward over a window of {TARGET_WINDOW} updates "
+                         f"first reaches {TARGET_REWARD:g}",
+    "seconds_to_target": "training wall seconds (without evaluations) until then",
     "max_grad_norm": "largest gradient norm (before clipping) of any update",
     "max_kl": "largest per-step stale KL k3 (behavior policy vs the updated policy)",
     "final_kl": "stale KL k3 over the last quarter",
@@ -107,8 +116,14 @@ def read_run(run_dir: Path) -> RunResult:
         collapse = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
         stats = _dead_run_stats() if stopped else {}
         return RunResult(run_dir.name, lab["labels"], status, None, collapse, stats, config)
-    collapse = collapse_of_rows(run.rows, stopped)
+    before = (run.summary.get("eval_before") or _eval_before(run_dir)).get("reward_sampled")
+    collapse = collapse_of_rows(run.rows, run.updates_per_step, before, stopped)
     return RunResult(run_dir.name, lab["labels"], status, run, collapse, run_stats(run, collapse), config)
+
+
+def _eval_before(run_dir: Path) -> dict:
+    path = run_dir / "eval_before.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _status(lab: dict, run: Run | None) -> str:
@@ -150,6 +165,7 @@ def run_stats(run: Run, collapse: Collapse) -> dict[str, float]:
         "train_last": last_share_mean(run, "reward/mean"),
         "best_reward": max(float(r["reward/mean"]) for r in rows),
         "collapsed": float(collapse.collapsed),
+        **time_to_target(run),
         "max_grad_norm": _max(rows, "optim/grad_norm_max", "optim/grad_norm"),
         "max_kl": _max(rows, "kl/k3"),
         "final_kl": last_share_mean(run, "kl/k3"),
@@ -162,6 +178,21 @@ def run_stats(run: Run, collapse: Collapse) -> dict[str, float]:
     if collapse.reason == "nonfinite" and not after:  # stopped by the trainer: a broken policy scores 0
         stats.update(eval_sampled=0.0, eval_greedy=0.0, train_last=0.0)
     return stats
+
+
+def time_to_target(run: Run, target: float = TARGET_REWARD, window: int = TARGET_WINDOW) -> dict[str, float]:
+    """updates_to_target and seconds_to_target: the end of the first window of ``window`` updates whose
+    mean training reward reaches ``target``, and the rows' perf/step_s summed up to it."""
+    updates = [x + run.updates_per_step for x in update_axis(run)]  # updates done after each row
+    windows: dict[int, list[float]] = {}
+    for u, row in zip(updates, run.rows):
+        windows.setdefault(math.ceil(u / window), []).append(float(row["reward/mean"]))
+    for w in sorted(windows):
+        if _mean(windows[w]) >= target:
+            end = min(w * window, updates[-1])
+            seconds = sum(float(r.get("perf/step_s", math.nan)) for u, r in zip(updates, run.rows) if u <= end)
+            return {"updates_to_target": float(end), "seconds_to_target": seconds}
+    return {"updates_to_target": math.nan, "seconds_to_target": math.nan}
 
 
 def _dead_run_stats() -> dict[str, float]:

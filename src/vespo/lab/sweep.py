@@ -162,7 +162,7 @@ def write_record(sweep: Sweep, out: Path) -> None:
                              "now; choose another --out")
     record = {"name": sweep.name, "source": sweep.source, "overrides": sweep.overrides,
               "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes],
-              "reference": sweep.reference}
+              "reference": sweep.reference, "exclude": sweep.exclude}
     (out / "base.yaml").write_text(base)
     (out / "sweep.json").write_text(json.dumps(record, indent=2))
 

@@ -222,11 +222,12 @@ class Loop:
             row["perf/learner_idle_frac"] = row["perf/learner_idle_s_sum"] / max(seconds, 1e-9)
         row.update(self.source.step_metrics())
         row["dist/world_size"] = float(self.learner.world_size)
-        if not self.history:  # once, when the optimizer state exists: what one rank holds
+        if step == 1:  # once, when the optimizer state exists: what one rank holds
             row.update(self.learner.memory())
         run = self.cfg.run
-        if run.eval_every and step % run.eval_every == 0:
-            row.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+        if (run.eval_every and step % run.eval_every == 0) or (
+                run.eval_every_updates and self.updates_done % run.eval_every_updates == 0):
+            row.update({f"eval/{k}": v for k, v in self.evaluate(run.eval_every_size).items()})
         runlog.log(step, row)
         if run.log_samples_every and step % run.log_samples_every == 0 and window.last is not None:
             runlog.log_samples(step, sample_rows(self.run, *window.last, run.samples_per_log))
@@ -239,14 +240,15 @@ class Loop:
 
     # ------------------------------------------------------------ evaluation, checkpoints
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out reward with the newest weights: one sample per problem, and greedy (each rank evaluates
-        its share of the problems; every rank gets the mean over all of them)."""
-        problems = self.run.eval_problems[self.dist.rank::self.dist.world]
-        mine = heldout_rewards(self.source.generate, problems, self.run.scorer, self.run.sampling)
-        parts = [(means, n) for means, n in self.dist.gather_object((mine, len(problems))) if n]
+    def evaluate(self, size: int = 0) -> dict[str, float]:
+        """Held-out reward with the newest weights: one sample per problem, and greedy, on the first ``size``
+        held-out problems (0: all). Each rank evaluates its share; every rank gets the mean over all of them."""
+        problems = self.run.eval_problems[:size] if size else self.run.eval_problems
+        mine = problems[self.dist.rank::self.dist.world]
+        means = heldout_rewards(self.source.generate, mine, self.run.scorer, self.run.sampling)
+        parts = [(m, n) for m, n in self.dist.gather_object((means, len(mine))) if n]
         total = sum(n for _, n in parts)
-        return {key: sum(means[key] * n for means, n in parts) / total for key in (parts[0][0] if parts else {})}
+        return {key: sum(m[key] * n for m, n in parts) / total for key in (parts[0][0] if parts else {})}
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
