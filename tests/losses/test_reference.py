@@ -12,7 +12,7 @@ import torch
 from vespo.losses import AGG_MODES, get_loss, loss_names
 
 from .batches import make_batch, to_lists
-from .reference import geo_kept, reference_loss
+from .reference import geo_kept, m2po_kept, reference_loss
 
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
 VARIANTS = {  # name -> config overrides worth covering beyond the defaults
@@ -129,3 +129,26 @@ def test_finite_padding_takes_the_fast_path_and_still_matches(name, pad):
         b, gb, _, _ = run_both(name, nan_batch, cfg)
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("tau", [1e-3, 0.04, 0.5, 1e3])
+def test_m2po_mask_is_areals_rule(tau):
+    """The mask itself against AReaL's rule (areal/trainer/ppo/actor.py `_get_m2po_loss_mask`, written again
+    in reference.m2po_kept): sort the valid tokens' (log r)^2 descending, mask the first k, k the first index
+    whose suffix mean is < tau, or all but one if none is. Over scales from on-policy-like to far off, tau from
+    "mask almost all" (the all-but-one path) to "mask none"."""
+    from vespo.losses.m2po import second_moment_mask
+
+    masked_counts = set()
+    for seed, scale in itertools.product(range(6), (0.01, 0.3, 3.0)):
+        batch = make_batch(B=5, T=6, scale=scale, seed=seed)
+        lists = to_lists(batch)
+        m2 = torch.where(batch["mask"], batch["logp"] - batch["old_logp"], 0.0).square()
+        keep = second_moment_mask(m2, batch["mask"], tau)
+        expected = m2po_kept(lists["logp"], lists["old_logp"], lists["mask"], tau)
+        assert {tuple(ij) for ij in keep.nonzero().tolist()} == expected
+        masked_counts.add(int(batch["mask"].sum() - keep.sum()))
+    if tau > 100:  # (log r)^2 averages far below it: nothing masked
+        assert masked_counts == {0}
+    else:  # the rule masked different numbers of tokens across these batches
+        assert len(masked_counts) > 1

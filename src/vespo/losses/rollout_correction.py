@@ -111,7 +111,8 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
 def geo_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor:
     """geo_mask: which sequences keep their place, log geo_low <= mean_t log rho_t <= log geo_high.  # [B, 1] bool
 
-    A row without valid tokens has mean 0 and is kept (it has nothing to train on anyway).
+    ``rollout_d`` [B, T] is rollout_logp - old_logp, 0 on padding; ``mask_f`` [B, T] the 0/1 mask. A row
+    without valid tokens has mean 0 and is kept (it has nothing to train on anyway).
     """
     _require(rollout_d, cfg)
     tokens = mask_f.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [B, 1]
