@@ -27,6 +27,8 @@ rare tokens). verl's functions truncate at `actor.clip_ratio_c` (3.0 in its acto
 divergence is measured against old_logp, the behaviour policy mu this loss is given, which is the
 rollout policy the paper recommends anchoring to when mu is the engine's log-probs.
 
+prime-rl's default loss is binary-TV DPPO plus a penalty 1e-3 (log r)^2, which is not included here.
+
 Rows: trust_mask_high / trust_mask_low count the A > 0 / A < 0 tokens outside the trust region
 (loss/trust_mask_frac_high|low); with a cap, ratio_cap counts kept tokens with r > C (loss/ratio_cap_frac).
 """
