@@ -138,6 +138,34 @@ def plain_cispo(logp, old_logp, adv, mask, cfg):
     return -(w * adv[:, None] * logp * m).sum() / m.sum()
 
 
+def plain_dppo(logp, old_logp, adv, mask, cfg):
+    m, a = mask.to(logp.dtype), adv[:, None]
+    p, q = logp.detach().exp(), old_logp.exp()
+    if cfg.divergence == "tv":
+        high, low = p - q > cfg.delta_high, p - q < -cfg.delta_low
+    else:
+        kl = q * (old_logp - logp.detach()) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+        high, low = (kl > cfg.delta_high) & (p > q), (kl > cfg.delta_low) & (p < q)
+    keep = ~torch.where(a > 0, high, low)
+    w = torch.exp((logp - old_logp).clamp(-20, 20)).detach() * keep
+    return -(w * a * logp * m).sum() / m.sum()
+
+
+def plain_m2po(logp, old_logp, adv, mask, cfg):
+    m = mask.to(logp.dtype)
+    m2 = ((logp.detach() - old_logp) ** 2)[mask]  # [N]
+    ordered, order = torch.sort(m2, descending=True, stable=True)
+    rest = ordered.flip(0).cumsum(0).flip(0) / torch.arange(len(m2), 0, -1, device=m2.device)
+    below = (rest < cfg.m2_threshold).nonzero()
+    k = int(below[0]) if len(below) else len(m2) - 1
+    kept = torch.zeros_like(m2, dtype=torch.bool)
+    kept[order[k:]] = True
+    keep = torch.zeros_like(mask)
+    keep[mask] = kept
+    r = torch.exp((logp - old_logp).clamp(-20, 20))
+    return -(r * keep * adv[:, None] * m).sum() / m.sum()
+
+
 def plain_reinforce(logp, old_logp, adv, mask, cfg):
     m = mask.to(logp.dtype)
     w = torch.exp((logp - old_logp).clamp(-20, 20)).detach()  # token-level IS, the default
@@ -146,8 +174,10 @@ def plain_reinforce(logp, old_logp, adv, mask, cfg):
 
 PLAIN: dict[str, Callable] = {
     "cispo": plain_cispo,
+    "dppo": plain_dppo,
     "grpo": plain_grpo,
     "gspo": plain_gspo,
+    "m2po": plain_m2po,
     "reinforce": plain_reinforce,
     "sapo": plain_sapo,
     "vespo": plain_vespo,

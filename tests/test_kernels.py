@@ -40,6 +40,16 @@ def test_token_level_coefficients(curves):
     torch.testing.assert_close(sapo, 4 * sig * (1 - sig) * r, rtol=1e-10, atol=0)
 
 
+def test_trust_region_coefficients(curves):
+    W, dppo = curves[("dppo", 1.0)]
+    r, q = W ** (1 / T), math.exp(-1.0)  # the kernel grid's mu(y_t) = e^-1 on every token
+    torch.testing.assert_close(dppo, torch.where(q * r - q > 0.15, 0.0, r), rtol=1e-10, atol=0)  # p - q > delta
+    _, dppo_neg = curves[("dppo", -1.0)]
+    torch.testing.assert_close(dppo_neg, torch.where(q * r - q < -0.15, 0.0, r), rtol=1e-10, atol=0)
+    _, m2po = curves[("m2po", 1.0)]  # each W alone: all tokens but one masked once (log r)^2 >= 0.04
+    torch.testing.assert_close(m2po, torch.where(r.log().square() < 0.04, r, r / T), rtol=1e-10, atol=0)
+
+
 def test_every_curve_is_one_at_w_equal_one():
     curves = kernel_curves(T=T, w_min=0.5, w_max=2.0, points=3)  # middle point is W = 1
     for key, (W, coef) in curves.items():
@@ -52,7 +62,7 @@ def test_cli_writes_png_and_csv(tmp_path):
     png, table = tmp_path / "k" / "kernels.png", tmp_path / "k" / "kernels.csv"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader(table.open()))
-    assert len(rows) == (6 + 2) * 2 * 9 and {r["adv_sign"] for r in rows} == {"+", "-"}
+    assert len(rows) == (8 + 2) * 2 * 9 and {r["adv_sign"] for r in rows} == {"+", "-"}
     assert {r["loss"] for r in rows} >= {"vespo", "vespo_adaptive:budget", "vespo_adaptive:ess"}
     vespo_at_1 = [r for r in rows if r["loss"] == "vespo" and math.isclose(float(r["W"]), 1.0)]
     assert all(float(r["coef"]) == pytest.approx(1.0) for r in vespo_at_1) and len(vespo_at_1) == 2

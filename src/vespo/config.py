@@ -115,6 +115,9 @@ class OptimConfig:
     schedule: str = opt("constant", "learning-rate schedule over optimizer steps", choices=["constant", "linear", "cosine"])
     warmup_steps: int = opt(0, "linear warm-up optimizer steps", ge=0)
     micro_batch_size: int = opt(0, "sequences per forward/backward; 0 means the whole mini-batch", ge=0)
+    ess_scaled_lr: bool = opt(False, "VCPO's step size: scale each optimizer step's lr by sqrt(ESS / B) of the "
+                              "mini-batch's sequence weights W = pi/mu, ESS = (sum W)^2 / sum W^2 (<= 1; 1 on "
+                              "policy), for that step only; works with every loss; logged as optim/ess_lr_scale")
 
 
 @dataclass

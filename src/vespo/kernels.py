@@ -6,7 +6,9 @@ for each W on a grid, one sequence of T tokens with a uniform per-token ratio r 
 A = +1 or -1, aggregated as a plain token sum, and c = -(dL/dlogp) / A. For VESPO c = phi(W); for
 REINFORCE with token IS c = r; for GRPO c drops to 0 where the clip binds.
 
-vespo_adaptive chooses its kernel from the batch it sees, so it is drawn for a stale batch: n
+m2po masks on a statistic of the batch it sees, so each W is drawn as a batch of its own (one
+sequence of T tokens: every token masked but one once (log W / T)^2 >= tau). vespo_adaptive chooses
+its kernel from the batch it sees, so it is drawn for a stale batch: n
 sequences per sign with log W ~ N(-sigma^2/2, sigma^2) (E[W] = 1; sigma = --stale-sigma, seeded).
 Each rule's loss runs on that batch, and the (k, lambda) it reports is then measured like the
 others through VESPO's loss: curves `vespo_adaptive:budget` and `vespo_adaptive:ess`.
@@ -49,7 +51,9 @@ def kernel_curves(T: int = 16, w_min: float = 1e-3, w_max: float = 1e3, points: 
         spec = get_loss(name)
         cfg = replace(spec.config_cls(), agg=KERNEL_AGG)
         for sign in (1.0, -1.0):
-            curves[(name, sign)] = (W, _coefficient(spec.fn, cfg, W, T, sign))
+            coef = _coefficient(spec.fn, cfg, W, T, sign) if spec.per_row else \
+                torch.cat([_coefficient(spec.fn, cfg, w[None], T, sign) for w in W])  # one W per call
+            curves[(name, sign)] = (W, coef)
     for rule, cfg in adapted_configs(stale_batch(stale_sigma, stale_n, T)).items():
         for sign in (1.0, -1.0):
             curves[(f"{ADAPTIVE}:{rule}", sign)] = (W, _coefficient(get_loss("vespo").fn, cfg, W, T, sign))
@@ -110,7 +114,7 @@ def plot(curves: dict, T: int, path: Path, stale_sigma: float = 2.0, stale_n: in
     names = sorted({name for name, _ in curves})
     colors = dict(zip(names, plt.get_cmap("tab10").colors))
     dashes = dict(zip(names, ["-", (0, (5, 2)), "-", (0, (1, 1.5)), (0, (6, 2, 1, 2)), "-", (0, (3, 1)),
-                              (0, (1, 1))]))  # overlaps stay visible
+                              (0, (1, 1)), (0, (4, 1, 1, 1)), (0, (2, 2)), (0, (8, 2))]))  # overlaps stay visible
     for ax, sign in zip(axes, (1.0, -1.0)):
         for name in names:
             W, coef = curves[(name, sign)]

@@ -36,7 +36,8 @@ def test_documented_overrides_register_and_configure_vespo(result):
 
 
 def test_other_losses_registered_without_replacing_verls(result):
-    for name in ("vespo_adaptive", "vespo_grpo", "vespo_gspo", "vespo_sapo", "vespo_cispo", "vespo_reinforce"):
+    for name in ("vespo_adaptive", "vespo_grpo", "vespo_gspo", "vespo_sapo", "vespo_cispo", "vespo_reinforce",
+                 "vespo_dppo", "vespo_m2po"):
         assert name in result["registry"]
     assert result["verl_gspo_module"] == "verl.trainer.ppo.core_algos"
 
@@ -49,7 +50,8 @@ def test_matches_float64_reference_with_verl_aggregation(result):
 
 
 def test_matches_vespo_losses_directly(result):
-    assert set(result["vespo_diff"]) == {"cispo", "grpo", "gspo", "reinforce", "sapo", "vespo", "vespo_adaptive"}
+    assert set(result["vespo_diff"]) == {"cispo", "dppo", "grpo", "gspo", "m2po", "reinforce", "sapo", "vespo",
+                                         "vespo_adaptive"}
     assert max(result["vespo_diff"].values()) < 1e-12
 
 
@@ -65,3 +67,25 @@ def test_adaptive_vespo_configured_from_hydra(result):
 def test_misspelled_option_names_field_and_choices(result):
     assert result["unknown_option_error"].startswith("actor.policy_loss.vespo.kpos: unknown option; choose from:")
     assert "k_pos" in result["unknown_option_error"]
+
+
+def test_dppo_equals_verls_dppo_tv_and_kl(result):
+    """Loss and gradient of vespo's dppo against verl's own dppo_tv / dppo_kl: 4 option sets (tv, kl, each
+    with asymmetric thresholds and a ratio cap) x 5 verl aggregation modes x (local, dp2), plus vespo.losses
+    called directly; float64, so equal to rounding."""
+    diffs = result["dppo"]["diff"]
+    assert len(diffs) == 4 * (5 * 2 + 1)
+    assert max(diffs.values()) < 1e-12, max(diffs.items(), key=lambda kv: kv[1])
+    fractions = result["dppo"]["mask_fraction"]
+    assert all(abs(ours - verl) < 1e-6 for ours, verl in fractions.values())  # verl's is float32
+    assert all(0 < ours < 1 for ours, _ in fractions.values())  # the trust region bound in every case
+
+
+def test_geo_mask_equals_verls_geo_rs(result):
+    """vespo's geo_mask (band on pi_old / pi_rollout) keeps exactly the sequences verl's seq_mean_k1 rejection
+    keeps (band on the inverse ratio), for verl's preset and an asymmetric band; the loss weighted by either
+    mask is the same."""
+    for band, check in result["geo_mask"].items():
+        assert check["mismatched"] == 0, (band, check)
+        assert 0 < check["kept"] < check["sequences"], (band, check)
+        assert check["loss_diff"] < 1e-12, (band, check)

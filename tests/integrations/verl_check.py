@@ -10,6 +10,12 @@
 3. It equals vespo's own loss computed directly from vespo.losses; `vespo_<name>` likewise.
 4. `vespo_adaptive` takes its rule from `+policy_loss.vespo_adaptive.*` overrides and, with verl's
    token-broadcast advantages [B, T], chooses the same shape as with sequence advantages [B].
+5. vespo's `dppo` equals verl's own `dppo_tv` / `dppo_kl` (loss and gradient, every verl aggregation mode,
+   with and without data-parallel batch info, with and without a ratio cap), through the `vespo_dppo`
+   registration and called directly; its masked-token fraction equals verl's `actor/pg_clipfrac`.
+6. vespo's `geo_mask` rollout correction keeps exactly the sequences verl's Geo-RS rejection
+   (`rollout_rs=seq_mean_k1`) keeps, and a GRPO loss with it equals verl's `vanilla` loss weighted by
+   verl's mask.
 """
 
 from __future__ import annotations
@@ -169,6 +175,109 @@ def unknown_option_error() -> str:
     return ""
 
 
+# (vespo dppo options, verl loss, verl actor options): clip_ratio* are verl's divergence thresholds, and
+# clip_ratio_c its ratio cap (1e30: none, as the paper's script; 3.0 is verl's actor.yaml default)
+DPPO_CASES = {
+    "tv": ({"divergence": "tv"}, "dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 1e30}),
+    "kl": ({"divergence": "kl"}, "dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 1e30}),
+    "tv_cap": ({"divergence": "tv", "delta_low": 0.1, "delta_high": 0.25, "ratio_cap": 3.0}, "dppo_tv",
+               {"clip_ratio_low": 0.1, "clip_ratio_high": 0.25, "clip_ratio_c": 3.0}),
+    "kl_cap": ({"divergence": "kl", "delta_low": 0.02, "delta_high": 0.1, "ratio_cap": 3.0}, "dppo_kl",
+               {"clip_ratio_low": 0.02, "clip_ratio_high": 0.1, "clip_ratio_c": 3.0}),
+}
+
+
+def moved_batch(seed: int, B: int = 8, T: int = 9, spread: float = 0.6):
+    """Like random_batch, with log-ratios large enough (~ spread) that the trust regions bind on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2.5  # [B, T]
+    logp = (old + spread * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3).requires_grad_()
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()  # [B, T]
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [B, T] bool
+    return old, logp, adv, mask
+
+
+def loss_and_grad(fn, batch, mode: str, config) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    old, logp, adv, mask = batch
+    loss, metrics = fn(old, logp, adv, mask, mode, config, None)
+    return loss.detach(), torch.autograd.grad(loss, logp)[0], metrics
+
+
+def diff(a, b) -> float:
+    """Largest abs difference of two (loss, grad) pairs."""
+    return max((a[0] - b[0]).abs().item(), (a[1] - b[1]).abs().max().item())
+
+
+def check_dppo() -> dict:
+    """vespo's dppo against verl's dppo_tv / dppo_kl on random inputs: max abs differences and mask fractions."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    from vespo.losses import get_loss
+
+    ours_fn = get_policy_loss_fn("vespo_dppo")
+    batch_infos = {"local": {}, "dp2": {"dp_size": 2, "batch_num_tokens": 60, "global_batch_size": 16}}
+    worst, fractions = {}, {}
+    for case, (options, verl_name, verl_options) in DPPO_CASES.items():
+        for seed, mode in enumerate(VERL_MODES):
+            for label, info in batch_infos.items():
+                info = {"dp_size": 2} if mode == "token-sum" and label == "dp2" else info
+                batch = moved_batch(100 * seed + len(case))
+                verl_cfg = OmegaConf.create({"clip_ratio": 0.2, **verl_options, "global_batch_info": info})
+                theirs = loss_and_grad(get_policy_loss_fn(verl_name), batch, mode, verl_cfg)
+                ours_cfg = {"policy_loss": {"vespo_dppo": options}, "global_batch_info": info}
+                ours = loss_and_grad(ours_fn, batch, mode, ours_cfg)
+                worst[f"{case}/{mode}/{label}"] = diff(ours, theirs)
+                masked = ours[2]["actor/loss/trust_mask_frac_high"] + ours[2]["actor/loss/trust_mask_frac_low"]
+                fractions[f"{case}/{mode}/{label}"] = (masked, theirs[2]["actor/pg_clipfrac"])
+        old, logp, adv, mask = batch = moved_batch(7)
+        spec = get_loss("dppo")
+        direct = spec.fn(logp, old, adv, mask, spec.config_cls(**options))  # vespo.losses itself, token-mean
+        ours = direct.loss.detach(), torch.autograd.grad(direct.loss, logp)[0]
+        verl_cfg = OmegaConf.create({"clip_ratio": 0.2, **verl_options, "global_batch_info": {}})
+        worst[f"{case}/direct"] = diff(ours, loss_and_grad(get_policy_loss_fn(verl_name), batch, "token-mean", verl_cfg))
+    return {"diff": worst, "mask_fraction": fractions}
+
+
+GEO_BANDS = ["0.999_1.001", "0.98_1.03"]  # verl's preset and an asymmetric band (the direction matters)
+
+
+def check_geo_mask() -> dict:
+    """verl's Geo-RS (seq_mean_k1 on log pi_old/pi_rollout, band "lo_hi") against vespo's geo_mask with
+    geo_low = 1/hi, geo_high = 1/lo: mismatched sequences and the GRPO/vanilla loss difference per band."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    from vespo.losses import get_loss
+    from vespo.losses.rollout_correction import RolloutCorrection, geo_keep
+
+    out = {}
+    for i, band in enumerate(GEO_BANDS):
+        old, logp, adv, mask = batch = moved_batch(50 + i, B=64, T=9, spread=0.1)
+        g = torch.Generator().manual_seed(60 + i)
+        rollout = old - 0.02 * torch.randn(old.shape, generator=g, dtype=old.dtype)  # [B, T]
+        verl_mask, _ = compute_rollout_rejection_mask(old - rollout, mask.to(old.dtype), "seq_mean_k1", band)
+        verl_keep = verl_mask.sum(-1) == mask.sum(-1)  # [B] a rejected sequence loses all its tokens
+        lo, hi = (float(x) for x in band.split("_"))
+        rc = RolloutCorrection(mode="geo_mask", geo_low=1 / hi, geo_high=1 / lo)
+        mask_f = mask.to(old.dtype)
+        ours_keep = geo_keep(torch.where(mask, rollout - old, 0.0), mask_f, rc)[:, 0]  # [B]; rollout_d, 0 on padding
+        vanilla = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+                                    "clip_ratio_c": 3.0, "global_batch_info": {}})
+        old_, logp_, adv_, mask_ = batch
+        loss, _ = get_policy_loss_fn("vanilla")(old_, logp_, adv_, mask_, "token-mean", vanilla, verl_mask)
+        theirs = loss.detach(), torch.autograd.grad(loss, logp_)[0]
+        spec = get_loss("grpo")
+        mine = spec.fn(logp_, old_, adv_, mask_, spec.config_cls(rollout_correction=rc), rollout_logp=rollout)
+        ours = mine.loss.detach(), torch.autograd.grad(mine.loss, logp_)[0]
+        valid = mask.any(-1)
+        out[band] = {"mismatched": int((ours_keep != verl_keep)[valid].sum()), "kept": int(ours_keep[valid].sum()),
+                     "sequences": int(valid.sum()), "loss_diff": diff(ours, theirs)}
+    return out
+
+
 def main() -> None:
     from verl.trainer.ppo import core_algos
 
@@ -185,6 +294,8 @@ def main() -> None:
         "vespo_diff": check_against_vespo(config),
         "adaptive": check_adaptive(),
         "unknown_option_error": unknown_option_error(),
+        "dppo": check_dppo(),
+        "geo_mask": check_geo_mask(),
     }
     print(json.dumps(result))
 

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vespo.config import ConfigError, load_config
 from vespo.lab.collapse import RULE
 from vespo.lab.grid import SweepError, budget_table, load_sweep, planned
 

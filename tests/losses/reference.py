@@ -1,5 +1,7 @@
 """Independent float64 references of every policy loss, written with the math module from the formulas of
-the VESPO paper (arXiv 2602.10693) and of the baselines it compares; adaptive VESPO's rules from docs/adaptive.md.
+the VESPO paper (arXiv 2602.10693) and of the baselines it compares; adaptive VESPO's rules from docs/adaptive.md;
+DPPO from arXiv 2602.04879 (binary TV / KL trust-region mask), M2PO from arXiv 2510.01161 (second-moment
+mask), geometric sequence masking from verl's Geo-RS / SkyRL's geometric sequence mask.
 
 Each reference walks the batch token by token in plain Python and returns the aggregated loss and
 its ANALYTIC gradient dL/dlogp_it (worked out by hand below, not by autograd), so a test comparing
@@ -72,6 +74,9 @@ def _correction_weights(old_logp, rollout_logp, mask, rc):
     C = rc.threshold
     out = [[1.0] * T for _ in range(B)]
     for i in range(B):
+        if rc.mode == "geo_mask":
+            out[i] = [1.0 if geo_kept(old_logp, rollout_logp, mask, rc, i) else 0.0] * T
+            continue
         log_rhos = [old_logp[i][t] - rollout_logp[i][t] if mask[i][t] else 0.0 for t in range(T)]
         if rc.mode.endswith("_seq"):
             log_rhos = [sum(log_rhos)] * T
@@ -88,6 +93,8 @@ def _correction_log_w(old_logp, rollout_logp, mask, rc, i):
     """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight."""
     if rc.mode == "none":
         return 0.0
+    if rc.mode == "geo_mask":  # a masked sequence adds log 1e-8
+        return 0.0 if geo_kept(old_logp, rollout_logp, mask, rc, i) else LOG_W_MIN
     log_c = math.log(rc.threshold)
     log_rhos = [old_logp[i][t] - rollout_logp[i][t] for t in range(len(mask[i])) if mask[i][t]]
     if rc.mode.endswith("_seq"):
@@ -100,6 +107,13 @@ def _correction_log_w(old_logp, rollout_logp, mask, rc, i):
             x = LOG_W_MIN
         total += min(max(x, LOG_W_MIN), LOG_W_MAX)
     return total
+
+
+def geo_kept(old_logp, rollout_logp, mask, rc, i):
+    """Geometric sequence masking: the geometric mean of pi_old / pi_rollout over the row in [geo_low, geo_high]."""
+    log_rhos = [old_logp[i][t] - rollout_logp[i][t] for t in range(len(mask[i])) if mask[i][t]]
+    mean = sum(log_rhos) / len(log_rhos) if log_rhos else 0.0
+    return math.log(rc.geo_low) <= mean <= math.log(rc.geo_high)
 
 
 # ---- per-token (value, d value / d logp) of each loss --------------------------------------------
@@ -184,6 +198,60 @@ def _cispo(logp, old, adv, mask, cfg, rollout):
             cells.append((-w * adv[i][t] * lp, -w * adv[i][t]))
         out.append(cells)
     return out
+
+
+def _dppo(logp, old, adv, mask, cfg, rollout):
+    """-A sg[min(r, C)] logp inside the trust region, 0 outside; the ratio is detached, so d/dlogp = -A min(r, C)."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A = adv[i][t]
+            w = min(_ratio(lp, old[i][t])[0], math.inf if cfg.ratio_cap is None else cfg.ratio_cap)
+            if not mask[i][t] or dppo_outside(lp, old[i][t], A, cfg):
+                w = 0.0
+            cells.append((-A * w * lp, -A * w))
+        out.append(cells)
+    return out
+
+
+def dppo_outside(lp, olp, A, cfg):
+    """Whether the token left DPPO's trust region on the side its advantage pushes (p = pi, q = mu)."""
+    p, q = math.exp(lp), math.exp(olp)
+    if cfg.divergence == "tv":  # binary total variation, signed: p - q
+        return p - q > cfg.delta_high if A > 0 else p - q < -cfg.delta_low
+    # KL(Bernoulli(q) || Bernoulli(p)) of the sampled token against the rest of the vocabulary; undefined
+    # (NaN) where a "probability" exceeds 1, which only the side's direction then decides
+    tail = (1 - q + 1e-8) / (1 - p + 1e-8)
+    kl = q * (olp - lp) + (1 - q) * math.log(tail) if tail > 0 else math.nan
+    return (not kl <= cfg.delta_high and p > q) if A > 0 else (not kl <= cfg.delta_low and p < q)
+
+
+def _m2po(logp, old, adv, mask, cfg, rollout):
+    """-M r A with M the batch's second-moment mask; d/dlogp = -M A dr."""
+    kept = m2po_kept(logp, old, mask, cfg.m2_threshold)
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            r, dr = _ratio(lp, old[i][t])
+            M = 1.0 if (i, t) in kept else 0.0
+            cells.append((-M * r * adv[i][t], -M * adv[i][t] * dr))
+        out.append(cells)
+    return out
+
+
+def m2po_kept(logp, old, mask, tau):
+    """The (i, t) M2PO keeps: drop the largest (log r)^2 (ties in row-major order) until the mean of the rest
+    is below tau; if no such point exists, keep only the smallest."""
+    tokens = [(i, t) for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    m2 = {(i, t): (logp[i][t] - old[i][t]) ** 2 for i, t in tokens}
+    ordered = sorted(tokens, key=lambda it: -m2[it])  # stable: equal values keep row-major order
+    for k in range(len(ordered)):
+        rest = ordered[k:]
+        if sum(m2[it] for it in rest) / len(rest) < tau:
+            return set(rest)
+    return set(ordered[-1:])
 
 
 def _vespo(logp, old, adv, mask, cfg, rollout):
@@ -306,6 +374,8 @@ TOKEN_FNS = {
     "gspo": _gspo,
     "sapo": _sapo,
     "cispo": _cispo,
+    "dppo": _dppo,
+    "m2po": _m2po,
     "vespo": _vespo,
     "vespo_adaptive": _vespo_adaptive,
 }

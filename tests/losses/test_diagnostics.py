@@ -151,8 +151,8 @@ def test_kernel_metrics_of_an_empty_sign_are_zero():
 def test_rows_of_micro_batches_give_the_whole_batch_metrics(name, token_adv):
     """Every metric is formed from the rows of the whole batch: summarizing the concatenated rows of the
     micro-batches (uneven, one of them with no A < 0 row) gives the whole batch's value of every metric.
-    vespo_adaptive picks its kernel per call, so its split calls use other kernels: only the keys that
-    do not depend on the kernel are compared there."""
+    A loss that is not per-row (vespo_adaptive picks its kernel per call, m2po its mask) uses other
+    kernels or masks in its split calls: only the keys that do not depend on them are compared there."""
     batch = make_batch(B=12, T=5, seed=46, scale=0.5, token_adv=token_adv, rollout=True)
     batch["advantages"][[3, 7]] = -batch["advantages"][[3, 7]].abs() - 0.2
     batch["advantages"][:3] = batch["advantages"][:3].abs()  # the first micro-batch has no A < 0 entry
@@ -166,9 +166,9 @@ def test_rows_of_micro_batches_give_the_whole_batch_metrics(name, token_adv):
     parts = [call(rows) for rows in (slice(0, 3), slice(3, 4), slice(4, 12))]
     merged = summarize(concat_rows([p.rows for p in parts]))
     assert set(merged) == set(full.metrics)
-    if name != "vespo_adaptive":
+    if spec.per_row:
         torch.testing.assert_close(sum(p.loss for p in parts), full.loss, rtol=1e-12, atol=1e-14)
-    keys = [k for k in full.metrics if name != "vespo_adaptive" or k.startswith(("is/", "kl/", "rollout/"))]
+    keys = [k for k in full.metrics if spec.per_row or k.startswith(("is/", "kl/", "rollout/")) or k == "m2po/m2"]
     assert "is/ess" in keys and "is/log_w_p90" in keys
     for key in keys:
         torch.testing.assert_close(merged[key], full.metrics[key], rtol=1e-12, atol=1e-14, msg=key)

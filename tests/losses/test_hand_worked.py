@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vespo.losses import aggregate, get_loss
+from vespo.losses import aggregate, ess_step_scale, get_loss
 
 LOGP = [[-1.0, -2.0, -0.5]]  # one sequence, three tokens; sum = -3.5
 MASK = torch.ones(1, 3, dtype=torch.bool)
@@ -107,3 +107,97 @@ def test_tis_token_truncates_rollout_weight_by_hand():
     cfg = spec.config_cls(is_level="none", rollout_correction={"mode": "mis_token", "threshold": 2.0})
     out = spec.fn(logp, logp.detach(), torch.ones(1, dtype=torch.float64), MASK, cfg, rollout_logp=rollout)
     assert out.loss.item() == pytest.approx((2 * math.exp(-1) + 0.5) / 3, rel=1e-12)
+
+
+# ---- the newer methods: DPPO, M2PO, geometric sequence masking, VCPO's step size
+
+DPPO_LOGP, DPPO_OLD = [[-0.2, -2.0, -0.5]], [[-1.0, -2.3, -0.6]]
+
+
+def dppo_run(adv, **cfg):
+    logp = torch.tensor(DPPO_LOGP, dtype=torch.float64, requires_grad=True)
+    spec = get_loss("dppo")
+    out = spec.fn(logp, torch.tensor(DPPO_OLD, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), MASK,
+                  spec.config_cls(**cfg))
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    return out, grad
+
+
+@pytest.mark.parametrize("divergence", ["tv", "kl"])
+def test_dppo_masks_the_token_whose_probability_rose_too_far(divergence):
+    # p = e^logp = 0.81873, 0.13534, 0.60653;  q = e^old = 0.36788, 0.10026, 0.54881
+    # tv: p - q = 0.45085 (> 0.15: outside), 0.03508, 0.05772 (inside)
+    # kl: q log(q/p) + (1-q) log((1-q)/(1-p)) = 0.49528 (> 0.05 and p > q: outside), 0.00570, 0.00688 (inside)
+    # A = +1, ratios r = e^0.8, e^0.3 = 1.3498588, e^0.1 = 1.1051709; token-mean over 3 tokens:
+    # loss = (1/3)(0 - 1.3498588 * (-2.0) - 1.1051709 * (-0.5)) = 1.0841010247299434
+    # gradient = -A r / 3 on the kept tokens: 0, -0.44995293585866775, -0.3683903060252159
+    out, grad = dppo_run(1.0, divergence=divergence)
+    assert out.loss.item() == pytest.approx(1.0841010247299434, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([0.0, -0.44995293585866775, -0.3683903060252159], rel=1e-12)
+    assert out.metrics["loss/trust_mask_frac_high"].item() == pytest.approx(1 / 3)
+    assert out.metrics["loss/trust_mask_frac_low"].item() == 0.0
+
+
+def test_dppo_judges_each_side_by_the_advantage():
+    # the same tokens with A = -1: every probability rose, so none left the region on the side A < 0 pushes
+    # loss = (1/3) sum_t r_t logp_t = (2.2255409 * -0.2 + 1.3498588 * -2.0 + 1.1051709 * -0.5) / 3 = -1.23247042
+    # gradient = +r / 3 = 0.741846976164156, 0.44995293585866775, 0.3683903060252159
+    out, grad = dppo_run(-1.0)
+    assert out.loss.item() == pytest.approx(-1.2324704199627747, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([0.741846976164156, 0.44995293585866775, 0.3683903060252159], rel=1e-12)
+    assert out.metrics["loss/trust_mask_frac_low"].item() == 0.0
+    # a ratio cap of 2 truncates the first token's weight e^0.8 = 2.2255 to 2: its gradient becomes 2 / 3
+    out, grad = dppo_run(-1.0, ratio_cap=2.0)
+    assert grad[0, 0].item() == pytest.approx(2 / 3, rel=1e-12)
+    assert out.metrics["loss/ratio_cap_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_m2po_masks_the_largest_log_ratio_until_the_second_moment_fits():
+    # log r = 0.5, 0.1, -0.1, 0.05: (log r)^2 = 0.25, 0.01, 0.01, 0.0025, mean 0.068125 >= tau = 0.04;
+    # masking the largest leaves mean (0.01 + 0.01 + 0.0025) / 3 = 0.0075 < 0.04, so exactly one is masked.
+    # A = +1, token-mean over all 4 tokens (the masked one stays in the count):
+    # loss = -(e^0.1 + e^-0.1 + e^0.05) / 4 = -0.7653198581219078; gradient -r / 4 on the kept tokens
+    log_r = torch.tensor([[0.5, 0.1, -0.1, 0.05]], dtype=torch.float64)
+    logp = torch.tensor([[-1.0, -2.0, -0.5, -0.3]], dtype=torch.float64, requires_grad=True)
+    spec = get_loss("m2po")
+    out = spec.fn(logp, logp.detach() - log_r, torch.ones(1, dtype=torch.float64), torch.ones(1, 4, dtype=torch.bool),
+                  spec.config_cls())
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert out.loss.item() == pytest.approx(-0.7653198581219078, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([0.0, -0.27629272951891193, -0.22620935450898988, -0.26281777409400603],
+                                             rel=1e-12)
+    assert out.metrics["m2po/m2"].item() == pytest.approx(0.068125, rel=1e-12)
+    assert out.metrics["m2po/m2_kept"].item() == pytest.approx(0.0075, rel=1e-12)
+    assert out.metrics["loss/m2_mask_frac"].item() == 0.25
+
+
+def test_geo_mask_drops_a_sequence_outside_the_band():
+    # log(pi_old / pi_rollout) per token = 0.03, -0.01, 0.01: mean 0.01 > log 1.01 = 0.00995, so the geometric
+    # mean 1.01005 leaves the default band [0.99, 1.01] and the sequence is masked (loss 0); [0.98, 1.02] keeps it
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    rollout = logp.detach() - torch.tensor([[0.03, -0.01, 0.01]], dtype=torch.float64)
+    spec, adv = get_loss("reinforce"), torch.ones(1, dtype=torch.float64)
+    masked = spec.fn(logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
+        "mode": "geo_mask"}), rollout_logp=rollout)
+    assert masked.loss.item() == 0.0 and masked.metrics["rollout/masked_frac"].item() == 1.0
+    kept = spec.fn(logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
+        "mode": "geo_mask", "geo_low": 0.98, "geo_high": 1.02}), rollout_logp=rollout)
+    assert kept.loss.item() == pytest.approx(3.5 / 3, rel=1e-12)  # -A * sum(logp) / 3, unweighted
+    assert kept.metrics["rollout/masked_frac"].item() == 0.0
+    # VESPO adds log 1e-8 to the masked sequence's log W = 0.3: log W = -18.120680743952366 and, A = +1,
+    # phi = exp(3 + 2 log W - 3 W) = 3.6598232961604505e-15
+    logp, old = three_tokens()
+    vespo = get_loss("vespo")
+    out = vespo.fn(logp, old, adv, MASK, vespo.config_cls(rollout_correction={"mode": "geo_mask"}),
+                   rollout_logp=old - torch.tensor([[0.03, -0.01, 0.01]], dtype=torch.float64))
+    assert out.metrics["vespo/phi_pos_max"].item() == pytest.approx(3.6598232961604505e-15, rel=1e-9)
+
+
+def test_ess_step_scale_by_hand():
+    # W = 1 and 3 (the third row has no token and does not count): ESS / B = (1 + 3)^2 / (2 (1 + 9)) = 0.8,
+    # scale = sqrt(0.8) = 0.8944271909999159; all W equal: ESS / B = 1, scale 1
+    rows = {"log_w": torch.tensor([0.0, math.log(3.0), 5.0], dtype=torch.float64),
+            "tokens": torch.tensor([2.0, 3.0, 0.0], dtype=torch.float64)}
+    assert ess_step_scale(rows).item() == pytest.approx(0.8944271909999159, rel=1e-12)
+    rows["log_w"] = torch.full((3,), -2.5, dtype=torch.float64)
+    assert ess_step_scale(rows).item() == pytest.approx(1.0, rel=1e-12)

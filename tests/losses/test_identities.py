@@ -7,7 +7,8 @@ import torch
 
 from vespo.losses import AGG_MODES, gamma_phi, get_loss, loss_names
 
-from .batches import make_batch
+from .batches import make_batch, to_lists
+from .reference import reference_loss
 
 
 def grad_of(name, batch, normalizer=None, **cfg):
@@ -19,7 +20,7 @@ def grad_of(name, batch, normalizer=None, **cfg):
     return out, grad
 
 
-@pytest.mark.parametrize("name", ["vespo", "vespo_adaptive", "grpo", "sapo", "cispo", "gspo"])
+@pytest.mark.parametrize("name", ["vespo", "vespo_adaptive", "grpo", "sapo", "cispo", "gspo", "dppo", "m2po"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_on_policy_gradient_equals_reinforce(name, agg):
     batch = make_batch(seed=11, token_adv=False)
@@ -68,9 +69,10 @@ def test_extra_masked_padding_changes_nothing(name, agg):
         torch.testing.assert_close(padded_out.metrics[key], value, rtol=1e-12, atol=1e-15, msg=key)
 
 
-# vespo_adaptive chooses its kernel from the batch it is given, so its micro-batches adapt separately
-# (documented; tests/losses/test_adaptive.py checks each call is VESPO at the shape it chose).
-PER_ROW_LOSSES = [name for name in loss_names() if name != "vespo_adaptive"]
+# vespo_adaptive chooses its kernel and m2po its mask from the batch it is given, so their micro-batches
+# adapt separately (documented; tests/losses/test_adaptive.py checks each call is VESPO at the shape it
+# chose, test_m2po_micro_batches_mask_on_their_own_tokens below what m2po does).
+PER_ROW_LOSSES = [name for name in loss_names() if get_loss(name).per_row]
 
 
 @pytest.mark.parametrize("name", PER_ROW_LOSSES)
@@ -85,6 +87,26 @@ def test_micro_batches_sum_to_the_mini_batch_gradient(name, agg):
     parts = [grad_of(name, {k: v[rows] for k, v in batch.items()}, normalizer=float(count), agg=agg)[1]
              for rows in (slice(0, 3), slice(3, 4), slice(4, 8))]
     torch.testing.assert_close(torch.cat(parts), full, rtol=1e-12, atol=1e-15)
+
+
+def test_m2po_micro_batches_mask_on_their_own_tokens():
+    """m2po's mask is a statistic of the call's tokens: each micro-batch, with the mini-batch's normalizer,
+    is the float64 reference on its own rows (its own second moment under tau), and the split changes the
+    gradient of the whole call (which is why m2po is not per_row)."""
+    batch = make_batch(B=8, seed=21, scale=0.3)
+    count = float(batch["mask"].sum())
+    cfg = get_loss("m2po").config_cls()
+    _, full = grad_of("m2po", batch, normalizer=count)
+    parts = []
+    for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):
+        part = {k: v[rows] for k, v in batch.items()}
+        out, grad = grad_of("m2po", part, normalizer=count)
+        _, ref_grad = reference_loss("m2po", cfg=cfg, normalizer=count, **to_lists(part))
+        torch.testing.assert_close(grad, torch.tensor(ref_grad, dtype=grad.dtype), rtol=1e-9, atol=1e-12)
+        kept = out.rows["tokens"].sum() - out.rows["m2_masked"].sum()
+        assert out.metrics["m2po/m2_kept"] < cfg.m2_threshold or kept == 1  # one token is always kept
+        parts.append(grad)
+    assert not torch.allclose(torch.cat(parts), full, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(loss_names()))

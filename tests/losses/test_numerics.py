@@ -110,6 +110,12 @@ def test_rollout_correction_without_rollout_logp_is_an_error():
         ("reinforce", "is_level", "seq", "is_level must be one of none, token, sequence"),
         ("grpo", "rollout_correction", {"mode": "tis"}, "rollout_correction.mode must be one of"),
         ("grpo", "rollout_correction", {"threshold": 0.0}, "rollout_correction.threshold must be"),
+        ("grpo", "rollout_correction", {"mode": "geo_mask", "geo_low": 1.01}, "rollout_correction.geo_low must be"),
+        ("grpo", "rollout_correction", {"geo_high": 0.99}, "rollout_correction.geo_high must be a finite number >= 1"),
+        ("dppo", "divergence", "js", "divergence must be one of tv, kl"),
+        ("dppo", "delta_high", -0.1, "delta_high must be a finite number >= 0.0"),
+        ("dppo", "ratio_cap", 0.5, "ratio_cap must be a finite number >= 1.0"),
+        ("m2po", "m2_threshold", 0.0, "m2_threshold must be a finite number > 0.0"),
     ],
 )
 def test_config_validation_names_the_field(name, field, value, message):
@@ -124,11 +130,16 @@ def test_configs_have_spec_defaults():
     assert (s.tau_pos, s.tau_neg, s.agg) == (1.0, 1.05, "seq-mean-token-mean")
     assert (p.eps_low, p.eps_high, p.dual_clip_c, p.agg) == (0.2, 0.2, 3.0, "token-mean")
     assert (c.eps_low, 1 + c.eps_high) == (None, 5.0)
-    assert v.rollout_correction == RolloutCorrection("none", 2.0)
+    assert v.rollout_correction == RolloutCorrection("none", 2.0, geo_low=0.99, geo_high=1.01)
+    d, d_kl, m = get_loss("dppo").config_cls(), get_loss("dppo").config_cls(divergence="kl"), get_loss("m2po").config_cls()
+    assert (d.divergence, d.delta_low, d.delta_high, d.ratio_cap, d.agg) == ("tv", 0.15, 0.15, None, "token-mean")
+    assert (d_kl.delta_low, d_kl.delta_high) == (0.05, 0.05)
+    assert (m.m2_threshold, m.agg) == (0.04, "token-mean")
 
 
 def test_unknown_loss_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown loss 'vespoo'; choose one of: cispo, grpo, gspo, reinforce, sapo, vespo"):
+    with pytest.raises(ValueError, match="unknown loss 'vespoo'; choose one of: cispo, dppo, grpo, gspo, m2po, reinforce, sapo, vespo, "
+                       "vespo_adaptive$"):
         get_loss("vespoo")
 
 

@@ -12,7 +12,7 @@ import torch
 from vespo.losses import AGG_MODES, get_loss, loss_names
 
 from .batches import make_batch, to_lists
-from .reference import reference_loss
+from .reference import geo_kept, m2po_kept, reference_loss
 
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
 VARIANTS = {  # name -> config overrides worth covering beyond the defaults
@@ -21,6 +21,9 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "gspo": [{}, {"eps_low": 0.2, "eps_high": 0.3}],
     "sapo": [{}, {"tau_pos": 2.0, "tau_neg": 0.5}],
     "cispo": [{}, {"eps_low": 0.2, "eps_high": 0.5}],
+    "dppo": [{}, {"divergence": "kl"}, {"delta_low": 0.05, "delta_high": 0.3, "ratio_cap": 2.0},
+             {"divergence": "kl", "delta_low": 0.01, "delta_high": 0.2, "ratio_cap": 1.5}],
+    "m2po": [{}, {"m2_threshold": 0.5}, {"m2_threshold": 5.0}],
     "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
     "vespo_adaptive": [{}, {"budget_pos": 1.3, "budget_neg": 0.8, "lambda_min": 1e-3, "lambda_max": 50.0},
                        {"rule": "ess"}, {"rule": "ess", "ess_target": 0.97, "scale_min": 0.01, "scale_max": 2.0},
@@ -62,13 +65,44 @@ def test_every_aggregation_and_normalizer_matches_reference(name, agg):
     assert_matches(name, batch, cfg, normalizer=13.0)
 
 
+CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "mis_token": {"threshold": 1.5},
+               "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15}}
+
+
 @pytest.mark.parametrize("name", loss_names())
-@pytest.mark.parametrize("mode", ["tis_token", "tis_seq", "mis_token", "mis_seq"])
+@pytest.mark.parametrize("mode", sorted(CORRECTIONS))
 def test_rollout_correction_matches_reference(name, mode):
     for seed in range(3):
         batch = make_batch(scale=0.2, seed=seed, rollout=True)
-        cfg = get_loss(name).config_cls(rollout_correction={"mode": mode, "threshold": 1.5})
+        cfg = get_loss(name).config_cls(rollout_correction={"mode": mode, **CORRECTIONS[mode]})
         assert_matches(name, batch, cfg)
+
+
+def test_geo_mask_band_splits_the_reference_batches():
+    """The geo_mask comparison above is not vacuous: its band keeps some sequences and masks others."""
+    kept = []
+    for seed in range(3):
+        batch = to_lists(make_batch(scale=0.2, seed=seed, rollout=True))
+        rc = get_loss("grpo").config_cls(rollout_correction={"mode": "geo_mask", **CORRECTIONS["geo_mask"]})
+        kept += [geo_kept(batch["old_logp"], batch["rollout_logp"], batch["mask"], rc.rollout_correction, i)
+                 for i in range(len(batch["mask"]) - 1)]  # the last row is empty
+    assert 0 < sum(kept) < len(kept)
+
+
+@pytest.mark.parametrize("name,overrides,metric", [
+    ("dppo", {}, "loss/trust_mask_frac_high"), ("dppo", {}, "loss/trust_mask_frac_low"),
+    ("dppo", {"divergence": "kl"}, "loss/trust_mask_frac_high"), ("dppo", {"divergence": "kl"}, "loss/trust_mask_frac_low"),
+    ("m2po", {}, "loss/m2_mask_frac"), ("m2po", {"m2_threshold": 0.5}, "loss/m2_mask_frac"),
+])
+def test_trust_regions_bind_in_the_reference_batches(name, overrides, metric):
+    """At log-ratio scale 1 the DPPO and M2PO masks drop some tokens and keep others, so the reference
+    comparison covers both branches."""
+    fractions = []
+    for seed, token_adv in itertools.product(range(2), (False, True)):
+        batch = make_batch(scale=1.0, seed=seed, token_adv=token_adv)
+        out = get_loss(name).fn(cfg=get_loss(name).config_cls(**overrides), **batch)
+        fractions.append(out.metrics[metric].item())
+    assert 0 < max(fractions) and min(fractions) < 1
 
 
 def test_reference_disagrees_with_a_wrong_loss():
@@ -95,3 +129,26 @@ def test_finite_padding_takes_the_fast_path_and_still_matches(name, pad):
         b, gb, _, _ = run_both(name, nan_batch, cfg)
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("tau", [1e-3, 0.04, 0.5, 1e3])
+def test_m2po_mask_is_areals_rule(tau):
+    """The mask itself against AReaL's rule (areal/trainer/ppo/actor.py `_get_m2po_loss_mask`, written again
+    in reference.m2po_kept): sort the valid tokens' (log r)^2 descending, mask the first k, k the first index
+    whose suffix mean is < tau, or all but one if none is. Over scales from on-policy-like to far off, tau from
+    "mask almost all" (the all-but-one path) to "mask none"."""
+    from vespo.losses.m2po import second_moment_mask
+
+    masked_counts = set()
+    for seed, scale in itertools.product(range(6), (0.01, 0.3, 3.0)):
+        batch = make_batch(B=5, T=6, scale=scale, seed=seed)
+        lists = to_lists(batch)
+        m2 = torch.where(batch["mask"], batch["logp"] - batch["old_logp"], 0.0).square()
+        keep = second_moment_mask(m2, batch["mask"], tau)
+        expected = m2po_kept(lists["logp"], lists["old_logp"], lists["mask"], tau)
+        assert {tuple(ij) for ij in keep.nonzero().tolist()} == expected
+        masked_counts.add(int(batch["mask"].sum() - keep.sum()))
+    if tau > 100:  # (log r)^2 averages far below it: nothing masked
+        assert masked_counts == {0}
+    else:  # the rule masked different numbers of tokens across these batches
+        assert len(masked_counts) > 1

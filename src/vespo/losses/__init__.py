@@ -11,20 +11,25 @@
 Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss, each
 plain autograd code that reads like its paper; shared pieces: inputs.py (checks), aggregation.py,
 rollout_correction.py, diagnostics.py (rows and metrics), kernel.py (VESPO's phi).
-vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md).
+vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md); dppo.py and m2po.py are the
+newer trust regions (divergence mask, second-moment mask); step_size.py is VCPO's ESS-scaled step size,
+applied by the learner to any loss. docs/losses.md lists every loss with its equation and source.
 """
 
-from vespo.losses import cispo, grpo, gspo, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (they register)
+from vespo.losses import cispo, dppo, grpo, gspo, m2po, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (register)
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import BaseLossConfig, LossOutput, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss
 from vespo.losses.diagnostics import Rows, concat_rows, summarize
+from vespo.losses.dppo import DppoConfig, dppo_loss
 from vespo.losses.grpo import GrpoConfig, grpo_loss
 from vespo.losses.gspo import GspoConfig, gspo_loss
+from vespo.losses.m2po import M2poConfig, m2po_loss
 from vespo.losses.registry import LossSpec, get_loss, loss_names
 from vespo.losses.reinforce import ReinforceConfig, reinforce_loss
 from vespo.losses.rollout_correction import ROLLOUT_CORRECTION_MODES, RolloutCorrection
 from vespo.losses.sapo import SapoConfig, sapo_loss
+from vespo.losses.step_size import ess_step_scale
 from vespo.losses.vespo import VespoConfig, gamma_phi, vespo_loss
 from vespo.losses.vespo_adaptive import VespoAdaptiveConfig, vespo_adaptive_loss
 
@@ -33,10 +38,12 @@ __all__ = [
     "BaseLossConfig",
     "ROLLOUT_CORRECTION_MODES",
     "CispoConfig",
+    "DppoConfig",
     "GrpoConfig",
     "GspoConfig",
     "LossOutput",
     "LossSpec",
+    "M2poConfig",
     "ReinforceConfig",
     "Rows",
     "RolloutCorrection",
@@ -46,11 +53,14 @@ __all__ = [
     "aggregate",
     "cispo_loss",
     "concat_rows",
+    "dppo_loss",
+    "ess_step_scale",
     "gamma_phi",
     "get_loss",
     "grpo_loss",
     "gspo_loss",
     "loss_names",
+    "m2po_loss",
     "reinforce_loss",
     "sapo_loss",
     "sequence_log_weight",

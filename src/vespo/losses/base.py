@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from vespo.losses.aggregation import check_agg_mode, token_weights
-from vespo.losses.diagnostics import Rows, base_rows, summarize
+from vespo.losses.diagnostics import Rows, base_rows, summarize, token_counts
 from vespo.losses.inputs import LossInputs
 from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
 
@@ -108,7 +108,7 @@ def finish(
     ``grad_weight`` ([B, T] or [B, 1], detached) is the loss's gradient weight w_it (module docstring).
     """
     share = loss_mat * token_weights(x.mask_f, cfg.agg, normalizer)  # [B, T] each token's share of the loss
-    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **(rows or {})}
+    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **correction_rows(x, cfg), **(rows or {})}
     return LossOutput(loss=share.sum(), rows=all_rows, seq_weight=sequence_weight(grad_weight, x))
 
 
@@ -122,6 +122,12 @@ def sequence_weight(grad_weight: Tensor, x: LossInputs) -> Tensor:
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan).to(x.logp.dtype)
 
 
+def correction_rows(x: LossInputs, cfg: BaseLossConfig) -> Rows:
+    """rollout_masked: per row, the valid tokens whose rollout-correction weight is 0 (mis_*, geo_mask)."""
+    weight = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    return {} if weight is None else {"rollout_masked": token_counts(weight == 0, x.mask_f)}
+
+
 def rollout_weight(x: LossInputs, cfg: BaseLossConfig) -> Tensor | None:
     """The detached rollout-correction weight of pi_old / pi_rollout ([B, T] or [B, 1]); None for mode none."""
-    return correction_weight(x.rollout_d, cfg.rollout_correction)
+    return correction_weight(x.rollout_d, x.mask_f, cfg.rollout_correction)

@@ -19,7 +19,14 @@ The rows every loss reports (``base_rows``) and the metrics made of them:
     rollout_k1, _k3       rollout/k1, rollout/k3: the same with d = rollout_logp - old_logp (when given)
 
 Every ``TOKEN_FRACTIONS`` row (a per-row count of tokens) becomes that count over all valid tokens
-(loss/clip_frac_low|high, loss/dual_clip_frac, ...). VESPO's kernel adds its rows (``kernel_rows``):
+(loss/clip_frac_low|high, loss/dual_clip_frac, DPPO's loss/trust_mask_frac_low|high and
+loss/ratio_cap_frac, M2PO's loss/m2_mask_frac, the rollout correction's rollout/masked_frac); every
+``TOKEN_MEANS`` row (a per-row sum) its mean over all valid tokens. M2PO's rows:
+
+    m2, m2_kept           m2po/m2: the batch's second moment mean (log r)^2 over all valid tokens;
+                          m2po/m2_kept: the same over the tokens it kept (below its threshold)
+
+VESPO's kernel adds its rows (``kernel_rows``):
 
     vespo/phi_{pos,neg}_{mean,min,max}, vespo/n_pos, vespo/n_neg, vespo/phi_small_frac
     vespo/log_w_min|p50|p90|max, vespo/w_ess      the log W the kernel used (after the token clamp,
@@ -51,9 +58,15 @@ TOKEN_FRACTIONS = {
     "clip_low": "loss/clip_frac_low",
     "clip_high": "loss/clip_frac_high",
     "dual_clip": "loss/dual_clip_frac",
+    "trust_mask_high": "loss/trust_mask_frac_high",  # DPPO: A > 0 tokens outside the trust region
+    "trust_mask_low": "loss/trust_mask_frac_low",  # DPPO: A < 0 tokens outside the trust region
+    "ratio_cap": "loss/ratio_cap_frac",  # DPPO: kept tokens whose ratio was truncated at ratio_cap
+    "m2_masked": "loss/m2_mask_frac",  # M2PO: tokens masked to bring the second moment under its threshold
+    "rollout_masked": "rollout/masked_frac",  # rollout correction weight 0 (mis_*, geo_mask)
 }
 # row name -> metric: a per-row sum over tokens, reported as a mean over all valid tokens
-TOKEN_MEANS = {"kl_k1": "kl/k1", "kl_k3": "kl/k3", "rollout_k1": "rollout/k1", "rollout_k3": "rollout/k3"}
+TOKEN_MEANS = {"kl_k1": "kl/k1", "kl_k3": "kl/k3", "rollout_k1": "rollout/k1", "rollout_k3": "rollout/k3",
+               "m2": "m2po/m2"}
 
 
 # ---------------------------------------------------------------- rows (per loss call)
@@ -141,6 +154,8 @@ def summarize(rows: Rows) -> dict[str, Tensor]:
     for key, name in {**TOKEN_MEANS, **TOKEN_FRACTIONS}.items():
         if key in rows:
             out[name] = rows[key].sum() / tokens
+    if "m2_kept" in rows:
+        out["m2po/m2_kept"] = rows["m2_kept"].sum() / (rows["tokens"].sum() - rows["m2_masked"].sum()).clamp(min=1.0)
     if "kernel_log_w" in rows:
         out.update(_kernel_metrics(rows, valid))
     for key, value in rows.items():

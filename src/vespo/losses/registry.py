@@ -10,11 +10,17 @@ _REGISTRY: dict[str, LossSpec] = {}
 
 @dataclass(frozen=True)
 class LossSpec:
-    """A registered loss: ``fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)``."""
+    """A registered loss: ``fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)``.
+
+    ``per_row``: each row's loss and gradient depend on that row alone, so micro-batches with the whole
+    mini-batch's normalizer sum to the mini-batch's gradient. False for a loss that reads a statistic of
+    the batch it is given (vespo_adaptive's kernel shape, m2po's mask): it adapts per call.
+    """
 
     name: str
     fn: Callable
     config_cls: type
+    per_row: bool = True
 
 
 def register(spec: LossSpec) -> LossSpec:

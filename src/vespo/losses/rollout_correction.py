@@ -7,10 +7,20 @@ kernels, precision, MoE routing). With rho_t = pi_old / pi_rollout per token:
     tis_seq     w_i = min(prod_t rho_t, C)                truncated, per sequence
     mis_token   w_t = rho_t if rho_t <= C else 0          masked, per token
     mis_seq     w_i = prod_t rho_t if <= C else 0         masked, per sequence
+    geo_mask    w_i = 1 if geo_low <= rho_bar_i <= geo_high else 0,   rho_bar_i = exp(mean_t log rho_t)
+
+geo_mask is geometric sequence masking (verl's Geo-RS presets, SkyRL's `sequence_mask_metric=geometric`):
+a filter, not a reweighting. It compares log rho_bar_i (the mean token log-ratio over the sequence's
+valid tokens) with log geo_low and log geo_high, so no exp is taken. Its band is on pi_old / pi_rollout,
+as SkyRL's is (defaults 0.99 / 1.01, SkyRL's); verl's `rollout_rs=seq_mean_k1` with
+`rollout_rs_threshold="lo_hi"` bands the inverse ratio, so it equals geo_low = 1/hi, geo_high = 1/lo
+(verl's presets use "0.999_1.001").
 
 Weights are detached. Every loss but VESPO multiplies its per-token loss by w; VESPO adds
 log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token (w = 0) sends that
-sequence's W, and hence phi, to ~0. Log-weights are clamped to [log 1e-8, 20] like VESPO's
+sequence's W, and hence phi, to ~0 (a geo-masked sequence adds log 1e-8 to its log W). A masked token or
+sequence stays in the aggregation's token / sequence count (verl instead drops rejected tokens from its
+response mask, and so from its count). Log-weights are clamped to [log 1e-8, 20] like VESPO's
 official numerics, which keeps masked weights finite in log space.
 """
 
@@ -22,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq")
+ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "geo_mask")
 LOG_W_MIN = math.log(1e-8)  # official lower clamp of a log-weight
 LOG_W_MAX = 20.0  # official upper clamp of a log-weight
 
@@ -32,9 +42,14 @@ class RolloutCorrection:
     """How to correct for the gap between the rollout engine and the trainer (pi_old / pi_rollout)."""
 
     mode: str = "none"
-    """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence)."""
+    """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence) |
+    geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high])."""
     threshold: float = 2.0
     """C: weights above it are truncated to C (tis_*) or masked to 0 (mis_*); must be > 0."""
+    geo_low: float = 0.99
+    """geo_mask: lower bound of the geometric-mean ratio pi_old / pi_rollout of a kept sequence; in (0, 1]."""
+    geo_high: float = 1.01
+    """geo_mask: upper bound of the geometric-mean ratio of a kept sequence; >= 1."""
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_CORRECTION_MODES:
@@ -43,13 +58,24 @@ class RolloutCorrection:
             )
         if not (isinstance(self.threshold, (int, float)) and math.isfinite(self.threshold) and self.threshold > 0):
             raise ValueError(f"rollout_correction.threshold must be a finite number > 0; got {self.threshold!r}")
+        if not (_real(self.geo_low) and 0 < self.geo_low <= 1):
+            raise ValueError(f"rollout_correction.geo_low must be a finite number in (0, 1]; got {self.geo_low!r}")
+        if not (_real(self.geo_high) and self.geo_high >= 1):
+            raise ValueError(f"rollout_correction.geo_high must be a finite number >= 1; got {self.geo_high!r}")
 
 
-def correction_weight(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
-    """The detached weight w: [B, T] for *_token modes, [B, 1] for *_seq; None if mode is none.
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-    ``rollout_d`` is rollout_logp - old_logp per token, 0 on padding (padding then gets w = 1 when C >= 1).
+
+def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor | None:
+    """The detached weight w: [B, T] for *_token modes, [B, 1] for *_seq and geo_mask; None if mode is none.
+
+    ``rollout_d`` is rollout_logp - old_logp per token, 0 on padding (padding then gets w = 1 when C >= 1);
+    ``mask_f`` [B, T] is the 0/1 mask.
     """
+    if cfg.mode == "geo_mask":
+        return geo_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
     log_rho = _log_rho(rollout_d, cfg)
     if log_rho is None:
         return None
@@ -64,6 +90,9 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
 
     Shapes as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
     """
+    if cfg.mode == "geo_mask":
+        keep = geo_keep(rollout_d, mask_f, cfg)  # [B, 1]
+        return torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
     log_rho = _log_rho(rollout_d, cfg)
     if log_rho is None:
         return None
@@ -78,11 +107,28 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
     return log_w
 
 
+@torch.no_grad()
+def geo_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor:
+    """geo_mask: which sequences keep their place, log geo_low <= mean_t log rho_t <= log geo_high.  # [B, 1] bool
+
+    ``rollout_d`` [B, T] is rollout_logp - old_logp, 0 on padding; ``mask_f`` [B, T] the 0/1 mask. A row
+    without valid tokens has mean 0 and is kept (it has nothing to train on anyway).
+    """
+    _require(rollout_d, cfg)
+    tokens = mask_f.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [B, 1]
+    mean_log_rho = -rollout_d.detach().double().sum(dim=-1, keepdim=True) / tokens.double()  # [B, 1]
+    return (mean_log_rho >= math.log(cfg.geo_low)) & (mean_log_rho <= math.log(cfg.geo_high))
+
+
 def _log_rho(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
     """log(pi_old / pi_rollout) per token [B, T], or summed per sequence [B, 1] for *_seq modes."""
     if cfg.mode == "none":
         return None
-    if rollout_d is None:
-        raise ValueError(f"rollout_correction.mode={cfg.mode!r} needs rollout_logp, but rollout_logp is None")
+    _require(rollout_d, cfg)
     log_rho = -rollout_d.detach()  # [B, T], 0 on padding
     return log_rho.sum(dim=-1, keepdim=True) if cfg.mode.endswith("_seq") else log_rho
+
+
+def _require(rollout_d: Tensor | None, cfg: RolloutCorrection) -> None:
+    if rollout_d is None:
+        raise ValueError(f"rollout_correction.mode={cfg.mode!r} needs rollout_logp, but rollout_logp is None")

@@ -201,4 +201,4 @@ def decreasing_root(fn: Callable[[Tensor], Tensor], lo: Tensor, hi: Tensor) -> t
     return a + (b - a) * t, at_lo, at_hi
 
 
-register(LossSpec("vespo_adaptive", vespo_adaptive_loss, VespoAdaptiveConfig))
+register(LossSpec("vespo_adaptive", vespo_adaptive_loss, VespoAdaptiveConfig, per_row=False))

@@ -39,7 +39,7 @@ and are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same obje
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from vespo.config import OptimConfig
-from vespo.losses import concat_rows, get_loss, summarize
+from vespo.losses import concat_rows, ess_step_scale, get_loss, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
@@ -218,12 +218,15 @@ class Learner:
         metrics = {**summarize(rows), "loss/total": self.dist.sum(loss_sum), "optim/grad_norm": grad_norm,
                    "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
                    **self._replay_metrics(replayed)}
+        if self.optim_cfg.ess_scaled_lr:  # VCPO: this step's lr x sqrt(ESS / B) (vespo.losses.step_size)
+            metrics["optim/ess_lr_scale"] = ess_step_scale(rows)
         metrics = to_floats(metrics)  # the update's one host sync
         result = dict(behavior_rows=concat_rows(behavior), lags=self.version - item.batch.versions,
                       log_w=local_rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
         if not (math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["optim/grad_norm"])):
             return self._skip(metrics, result)
-        self.optimizer.step()
+        with _lr_scaled(self.optimizer, metrics.get("optim/ess_lr_scale", 1.0)):
+            self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0
@@ -357,6 +360,19 @@ def _dropout_free(model: nn.Module) -> bool:
     rates = [v for k, v in config.items() if "dropout" in k and isinstance(v, float)]
     rates += [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     return all(rate == 0 for rate in rates)
+
+
+@contextmanager
+def _lr_scaled(optimizer: torch.optim.Optimizer, factor: float):
+    """Every param group's lr times ``factor`` inside the block, restored after it."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * factor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
 
 
 def _schedule(optim: OptimConfig, total: int):
