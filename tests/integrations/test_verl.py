@@ -89,3 +89,10 @@ def test_geo_mask_equals_verls_geo_rs(result):
         assert check["mismatched"] == 0, (band, check)
         assert 0 < check["kept"] < check["sequences"], (band, check)
         assert check["loss_diff"] < 1e-12, (band, check)
+
+
+def test_every_logged_metric_is_the_mini_batchs_whatever_the_micro_batching(result):
+    """One mini-batch in one call or in four micro-batch calls, combined as verl combines policy-loss metrics:
+    every actor/* metric the same to float rounding (is/ess, quantiles, E_Q[W], clip fractions...)."""
+    for name, worst in result["micro_batching"].items():
+        assert worst < 1e-9, (name, worst)

@@ -16,6 +16,9 @@
 6. vespo's `geo_mask` rollout correction keeps exactly the sequences verl's Geo-RS rejection
    (`rollout_rs=seq_mean_k1`) keeps, and a GRPO loss with it equals verl's `vanilla` loss weighted by
    verl's mask.
+7. Every metric verl logs is the mini-batch's whatever the micro-batching: one mini-batch in one call and
+   in four micro-batches, their metrics combined as verl combines them (`Metric` with MEAN over the
+   calls that report a key, as `ppo_loss` wraps policy-loss metrics), give the same values.
 """
 
 from __future__ import annotations
@@ -278,6 +281,32 @@ def check_geo_mask() -> dict:
     return out
 
 
+def check_micro_batching(config) -> dict[str, float]:
+    """Largest difference of any metric between one call on a mini-batch and four micro-batch calls, per loss."""
+    from verl.trainer.ppo import core_algos
+    from verl.utils.metric import AggregationType, Metric
+    from verl.utils.py_functional import append_to_dict
+
+    old, logp, adv, mask = moved_batch(11, B=8, T=9)
+    adv[[1, 5]] = -adv[[1, 5]].abs() - 0.3  # A < 0 rows in two of the micro-batches
+    out = {}
+    for name in ("vespo", "vespo_grpo", "vespo_dppo"):
+        fn = core_algos.get_policy_loss_fn(name)
+
+        def logged(rows: slice) -> dict[str, float]:
+            config.global_batch_info.update(dp_size=1, global_batch_size=8, batch_num_tokens=int(mask.sum()))
+            collected: dict = {}
+            for part in (rows,) if rows.stop == 8 else [slice(i, i + 2) for i in range(0, 8, 2)]:
+                _, metrics = fn(old[part], logp[part], adv[part], mask[part], "token-mean", config, None)
+                append_to_dict(collected, Metric.from_dict(metrics, aggregation=AggregationType.MEAN))
+            return {key: float(metric.aggregate()) for key, metric in collected.items()}  # a Metric per key
+
+        whole, split = logged(slice(0, 8)), logged(slice(0, 2))
+        assert set(whole) == set(split) and "actor/is/ess" in whole, (sorted(whole), sorted(split))
+        out[name] = max(abs(whole[k] - split[k]) / max(abs(whole[k]), 1e-12) for k in whole)
+    return out
+
+
 def main() -> None:
     from verl.trainer.ppo import core_algos
 
@@ -296,6 +325,7 @@ def main() -> None:
         "unknown_option_error": unknown_option_error(),
         "dppo": check_dppo(),
         "geo_mask": check_geo_mask(),
+        "micro_batching": check_micro_batching(config),
     }
     print(json.dumps(result))
 

@@ -24,7 +24,13 @@ rollout_is_weights) -> (pg_loss, metrics)` and
   to log W, the other losses multiply by them. `policy_loss.<name>.rollout_is` (token | sequence,
   default token) must say at which level verl formed them (`algorithm.rollout_correction.rollout_is`);
 - returns verl-style metrics: plain floats under `actor/` (`actor/ppo_kl`, `actor/is/ess`,
-  `actor/vespo/phi_pos_mean`, ...).
+  `actor/vespo/phi_pos_mean`, ...), each the value of the whole mini-batch whatever the
+  micro-batching: the loss keeps each call's per-row statistics until this rank's share of the
+  mini-batch (``global_batch_size / dp_size`` sequences) is complete, gathers the other data-parallel
+  ranks' rows (when the data-parallel group is the whole process group), and reports the metrics of
+  all of them once, on the mini-batch's last micro-batch (verl averages a metric over the calls that
+  report it, so each mini-batch contributes its exact value). Without ``global_batch_info`` each call
+  reports its own micro-batch's values.
 
 See docs/integrations.md for the command-line overrides and how to import this in verl's workers.
 """
@@ -40,7 +46,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
-from vespo.losses import get_loss, loss_names
+from vespo.losses import Rows, concat_rows, get_loss, loss_names, summarize
 from vespo.losses.rollout_correction import RolloutCorrection
 
 # verl's loss_agg_mode -> the vespo aggregation that computes it (with the normalizer below)
@@ -102,7 +108,8 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
         loss = out.loss
         if loss_agg_mode == "seq-mean-token-sum-norm":
             loss = loss / (batch_info.get("loss_scale_factor") or mask.shape[-1])
-        return loss, verl_metrics(out.metrics, old_log_prob, log_prob, mask)
+        rows = MINI_BATCH.add(registered, out.rows, batch_info)
+        return loss, ({} if rows is None else verl_metrics(summarize(rows)))
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{registered}"
     policy_loss.__doc__ = f"vespo's `{name}` loss with verl's policy-loss signature (see vespo.integrations.verl)."
@@ -190,13 +197,41 @@ def rollout_log_probs(
     return old_log_prob - log_w * mask
 
 
-def verl_metrics(
-    metrics: Mapping[str, torch.Tensor], old_log_prob: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor
-) -> dict[str, float]:
-    """vespo's diagnostics as verl logs them: floats under `actor/`, plus verl's `actor/ppo_kl`."""
-    with torch.no_grad():
-        kl = ((old_log_prob - log_prob.detach()) * mask).sum() / mask.sum().clamp(min=1.0)
-    out = {"actor/ppo_kl": kl.item()}
+class MiniBatchRows:
+    """Each loss's per-row statistics of the calls of one mini-batch on this rank, until the mini-batch is whole."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[Rows]] = {}
+
+    def add(self, loss: str, rows: Rows, batch_info: Mapping[str, Any]) -> Rows | None:
+        """The rows of the whole mini-batch (all ranks) when this call completes it, else None (keep waiting)."""
+        global_rows, dp_size = batch_info.get("global_batch_size"), int(batch_info.get("dp_size") or 1)
+        if not global_rows:
+            return rows  # no batch info: this call is the batch
+        parts = self.parts.setdefault(loss, [])
+        parts.append({k: v.detach().cpu() for k, v in rows.items()})
+        if sum(len(p["tokens"]) for p in parts) < int(global_rows) // dp_size:
+            return None
+        del self.parts[loss]
+        return _gather_over_ranks(concat_rows(parts), dp_size)
+
+
+def _gather_over_ranks(rows: Rows, dp_size: int) -> Rows:
+    """The rows of every data-parallel rank, when the data-parallel group is the whole process group."""
+    if dp_size <= 1 or not torch.distributed.is_initialized() or torch.distributed.get_world_size() != dp_size:
+        return rows
+    parts: list[Any] = [None] * dp_size
+    torch.distributed.all_gather_object(parts, rows)
+    return concat_rows(parts)
+
+
+MINI_BATCH = MiniBatchRows()
+
+
+def verl_metrics(metrics: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """vespo's diagnostics as verl logs them: floats under `actor/`, plus verl's `actor/ppo_kl` (mean of
+    old_logp - logp over the tokens: vespo's kl/k1, whose per-token terms are clamped to +-20)."""
+    out = {"actor/ppo_kl": float(metrics["kl/k1"])}
     out.update({f"actor/{key}": float(value) for key, value in metrics.items()})
     return out
 
