@@ -196,3 +196,20 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     assert json.loads((job.run_dir / "summary.json").read_text())["status"] == "done"
     steps = [json.loads(line)["step"] for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps and steps == sorted(set(steps))  # one run's rows, once each
+
+
+def test_a_sweep_on_ray_runs_its_runs_as_tasks_side_by_side_and_resumes(tmp_path):
+    """--ray-address local: the runs are Ray tasks (two at a time here, as on a cluster), the records are the
+    local sweep's, and a second call skips the finished runs."""
+    out = tmp_path / "ray"
+    argv = [str(QUICK), "--out", str(out), "--jobs", "2", "--ray-address", "local", "--only", "loss=vespo",
+            f"warmstart.cache_dir={tmp_path / 'ws'}", "warmstart.steps=0", *SMALL[:1]]
+    assert sweep.main(argv) == 0
+    labs = [json.loads((out / name / "lab.json").read_text()) for name in NAMES[2:]]
+    assert all(lab["status"] == "finished" and lab["returncode"] == 0 for lab in labs)
+    first, second = sorted(labs, key=lambda lab: lab["started"])
+    assert second["started"] < first["ended"]  # the two runs overlapped
+    assert all(json.loads((out / name / "summary.json").read_text())["status"] == "done" for name in NAMES[2:])
+    assert sweep.main(argv) == 0  # resumes: both skipped
+    assert all(json.loads((out / name / "lab.json").read_text())["started"] == lab["started"]
+               for name, lab in zip(NAMES[2:], labs))

@@ -4,6 +4,8 @@
     vespo sweep configs/lab/staleness.yaml --out runs/staleness --dry-run     the plan, nothing run
     vespo sweep configs/lab/staleness.yaml --out runs/staleness --only N=1,32 --only seed=0    part of the grid
     vespo sweep configs/lab/quick.yaml --out runs/quick run.steps=5           extra overrides for every run
+    vespo sweep configs/lab/staleness.yaml --out /shared/runs/staleness --ray-address auto --jobs 64
+                                               the runs as Ray tasks across a cluster's nodes
 
 SWEEP_DIR holds `sweep.json` (the grid), `base.yaml` (the base config), `sessions.jsonl` (one line
 per call that ran something: start, end, command, git commit, machine) and one normal run
@@ -17,6 +19,12 @@ finished runs (summary.json with status done) are skipped, runs with a checkpoin
 unless --retry-failed. A sweep directory refuses a changed base config or a run whose overrides
 changed; --only runs part of the grid, and a later call can add the rest. Runs that share a warm
 start wait for the first of them to write it.
+
+On a Ray cluster (``--ray-address auto``, or ``local`` for a Ray started here on loopback) each run
+is a Ray task that starts the same `vespo train` process on whichever node has the resources it
+asks for (``--run-cpus``, ``--run-gpus``), at most ``--jobs`` at a time; SWEEP_DIR (and the warm-start
+cache) must then be on a file system every node sees. Planning, resuming and the records are the
+same as for a local sweep.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ class Job:
     action: str  # "skip" (done), "failed" (kept), "resume", "start"
     warm_key: str = ""  # warm-start cache file this run reads or writes
     protocol: Protocol | None = None
+    started: float | None = None  # when its process was launched (time.time)
 
 
 def main(argv: list[str]) -> int:
@@ -81,6 +90,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", action="append", default=[], metavar="AXIS=V1,V2",
                    help="run only the grid points with these values on an axis (repeatable), e.g. --only N=1,32")
     p.add_argument("--retry-failed", action="store_true", help="run again the points whose process failed")
+    p.add_argument("--ray-address", default=None, help="run the runs as Ray tasks: a cluster's address (auto, "
+                   "HOST:PORT) or local (a Ray on this machine)")
+    p.add_argument("--run-cpus", type=float, default=1.0, help="CPUs each run asks Ray for (with --ray-address)")
+    p.add_argument("--run-gpus", type=float, default=0.0, help="GPUs each run asks Ray for (with --ray-address)")
     p.add_argument("overrides", nargs="*", help="section.field=value overrides applied to every run (after the grid)")
     args = p.parse_intermixed_args(argv)
     if args.jobs < 1:
@@ -98,8 +111,9 @@ def main(argv: list[str]) -> int:
             if job.action in ("start", "resume"):
                 print(" ".join(command(job, Path(args.out))))
         return 0
-    with session(Path(args.out), "vespo sweep " + shlex.join(argv), args.jobs) as record:
-        failed = run_all(jobs, Path(args.out), args.jobs)
+    with session(Path(args.out), "vespo sweep " + shlex.join(argv), args.jobs) as record, \
+            launcher_for(args) as launcher:
+        failed = run_all(jobs, Path(args.out), args.jobs, launcher)
         record.update(runs=sum(j.action in ("start", "resume") for j in jobs), failed=failed)
     print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
     return 1 if failed else 0
@@ -179,8 +193,8 @@ def _action(run_dir: Path, retry_failed: bool) -> str:
 
 
 def _warm_key(cfg) -> str:
-    if not cfg.warmstart.enabled or cfg.model.path is not None:
-        return ""
+    if not cfg.warmstart.enabled or cfg.warmstart.steps == 0 or cfg.model.path is not None or cfg.task.dataset:
+        return ""  # no warm start (build_run's condition): nothing to wait for
     from vespo.trainer.warmstart import warmstart_cache_path  # the trainer's own cache naming
 
     return str(warmstart_cache_path(cfg))
@@ -313,18 +327,18 @@ def command(job: Job, out: Path) -> list[str]:
     return cmd + [f"run.out_dir={job.run_dir}", "run.threads=1", "run.progress=false"]
 
 
-def run_all(jobs: list[Job], out: Path, n_jobs: int) -> int:
+def run_all(jobs: list[Job], out: Path, n_jobs: int, launcher: "Launcher | None" = None) -> int:
     """Run the pending jobs ``n_jobs`` at a time; returns how many failed."""
+    launcher = launcher or LocalLauncher()
     pending = [j for j in jobs if j.action in ("start", "resume")]
-    running: dict[subprocess.Popen, Job] = {}
+    running: dict[object, Job] = {}
     writing: set[str] = set()  # warm-start files being written by a running job
     failed = 0
     while pending or running:
-        for proc, job in list(running.items()):
-            if proc.poll() is not None:
-                del running[proc]
-                writing.discard(job.warm_key)  # written, or the writer failed: let the next one try
-                failed += finish(job, proc.returncode)
+        for handle, code in launcher.finished(list(running)):
+            job = running.pop(handle)
+            writing.discard(job.warm_key)  # written, or the writer failed: let the next one try
+            failed += finish(job, code)
         writing = {key for key in writing if not Path(key).is_file()}
         while len(running) < n_jobs:
             job = next((j for j in pending if _may_start(j, writing)), None)
@@ -333,7 +347,7 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int) -> int:
             pending.remove(job)
             if job.warm_key and not Path(job.warm_key).is_file():
                 writing.add(job.warm_key)
-            running[launch(job, out)] = job
+            running[launch(job, out, launcher)] = job
         time.sleep(0.2)
     return failed
 
@@ -342,20 +356,96 @@ def _may_start(job: Job, writing: set[str]) -> bool:
     return not job.warm_key or job.warm_key not in writing
 
 
-def launch(job: Job, out: Path) -> subprocess.Popen:
+def launch(job: Job, out: Path, launcher: "Launcher") -> object:
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     print(f"  {job.action:<7} {job.point.name}", flush=True)
-    _write_lab(job, {"status": "running"})
-    log = open(job.run_dir / "train.log", "a")
-    proc = subprocess.Popen(command(job, out), stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    return proc
+    job.started = time.time()
+    _write_lab(job, {"status": "running", "started": job.started})
+    return launcher.start(command(job, out)[1:], job.run_dir / "train.log")
+
+
+RUN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class Launcher:
+    """Where a run's `vespo train` process runs: ``start`` it, then ask which have ``finished``."""
+
+    def start(self, args: list[str], log: Path) -> object: ...
+
+    def finished(self, handles: list[object]) -> list[tuple[object, int]]:
+        """(handle, exit code) of the runs among ``handles`` that have ended."""
+
+    def __enter__(self) -> "Launcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class LocalLauncher(Launcher):
+    """A process on this machine."""
+
+    def start(self, args: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "a") as f:
+            return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **RUN_ENV})
+
+    def finished(self, handles: list[object]) -> list[tuple[object, int]]:
+        return [(p, p.returncode) for p in handles if p.poll() is not None]
+
+
+class RayLauncher(Launcher):
+    """A Ray task on a cluster node with ``cpus`` and ``gpus`` free, which runs the process there."""
+
+    def __init__(self, address: str, cpus: float, gpus: float, jobs: int):
+        import ray
+
+        self.ray, self.started = ray, False
+        if not ray.is_initialized():
+            if address == "local":
+                ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=max(jobs * cpus, 1),
+                         log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+            self.started = True
+        self.task = ray.remote(_run_on_node).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
+
+    def start(self, args: list[str], log: Path) -> object:
+        return self.task.remote(args, str(log), RUN_ENV)
+
+    def finished(self, handles: list[object]) -> list[tuple[object, int]]:
+        if not handles:
+            return []
+        done, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
+        out = []
+        for ref in done:
+            try:
+                out.append((ref, int(self.ray.get(ref))))
+            except Exception:  # the node or the task died: a failed run (resumable)
+                out.append((ref, -1))
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+def _run_on_node(args: list[str], log: str, env: dict[str, str]) -> int:
+    """One run, as a process on the node this Ray task landed on (its own Python)."""
+    with open(log, "a") as f:
+        return subprocess.call([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
+def launcher_for(args: argparse.Namespace) -> Launcher:
+    if args.ray_address:
+        return RayLauncher(args.ray_address, args.run_cpus, args.run_gpus, args.jobs)
+    return LocalLauncher()
 
 
 def finish(job: Job, returncode: int) -> int:
     ok = returncode == 0
-    _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode,
+    _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode, "started": job.started,
+                     "ended": time.time(),
                      "stopped_nonfinite": (not ok) and "NonFiniteError" in _tail(job.run_dir / "train.log")})
     print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else f" (exit {returncode}; see "
                                                                          f"{job.run_dir / 'train.log'})"), flush=True)
