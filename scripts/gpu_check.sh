@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short real run on a CUDA GPU, for a person who has one: the trainer on the GPU with the HF
-# rollout engine, then with the vLLM engine on the policy the first run wrote (a small local
-# checkpoint, no downloads). Prints reward, engine-vs-trainer mismatch and tokens/s of each.
+# rollout engine, the sharded learner (FSDP2 over NCCL, one rank per GPU found), then the vLLM
+# engine on the policy the first run wrote (a small local checkpoint, no downloads). Prints reward,
+# engine-vs-trainer mismatch and tokens/s of each, and the sharded learner's bench figures.
 #
 # Usage: bash scripts/gpu_check.sh [OUT_DIR]        (default runs/gpu_check; needs torch with CUDA;
 #        the vLLM part runs only where `import vllm` works: pip install 'vespo[vllm]')
@@ -26,7 +27,7 @@ mean = lambda key: sum(r[key] for r in rows if key in r) / max(1, sum(key in r f
 print(f"{run.name}: reward {summary['train_reward_first']:.3f} -> {summary['train_reward_final']:.3f} (training), "
       f"held-out greedy {summary['eval_before'].get('reward_greedy', float('nan')):.3f} -> "
       f"{summary['eval_after'].get('reward_greedy', float('nan')):.3f}; mismatch k1 {mean('mismatch/k1'):.2e} "
-      f"k3 {mean('mismatch/k3'):.2e} max|d| {max(r.get('mismatch/max_abs_diff', 0) for r in rows):.2e}; "
+      f"k3 {mean('mismatch/k3'):.2e} max|d| {max(r.get('mismatch/abs_diff_max', 0) for r in rows):.2e}; "
       f"{mean('perf/tokens_per_s'):.0f} completion tokens/s, {summary['seconds']:.0f} s")
 PY
 }
@@ -40,6 +41,14 @@ echo "== HF engine, MoE with rollout routing replay (r3)"
 "$PY" -m vespo.cli train "${COMMON[@]}" model.arch=qwen3_moe model.size=s rollout.engine_dtype=bfloat16 \
   rollout.router_replay=r3 run.steps=10 run.out_dir="$OUT/hf_moe_r3"
 report "$OUT/hf_moe_r3"
+
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+echo "== the learner on FSDP2 over NCCL: $GPUS rank(s), one per GPU (vespo train --nproc)"
+"$PY" -m vespo.cli train --nproc "$GPUS" "${COMMON[@]}" model.size=m rollout.engine_dtype=bfloat16 \
+  rollout.prompts_per_step=$((16 * GPUS)) run.steps=10 run.out_dir="$OUT/fsdp"
+report "$OUT/fsdp"
+echo "== bench/distributed.py on the GPU(s): per-rank bytes, updates/s, collective share"
+"$PY" bench/distributed.py --device cuda --size m --repeats 1 --updates 10
 
 if "$PY" -c "import vllm" 2>/dev/null; then
   echo "== vLLM engine on the policy the first run wrote ($OUT/hf/policy)"
