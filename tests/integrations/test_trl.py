@@ -46,24 +46,24 @@ def make_trainer(tmp_path, cls=VespoGRPOTrainer, config=None, **kwargs):
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = tiny_model("qwen3", "nano", tokenizer=tokenizer, seed=0)
-    settings = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        steps_per_generation=2,
-        max_completion_length=6,
-        max_steps=3,
-        learning_rate=5e-3,
-        loss_type="vespo",
-        beta=0.0,
-        bf16=False,
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        dataloader_num_workers=0,
-    )
+    settings = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "steps_per_generation": 2,
+        "max_completion_length": 6,
+        "max_steps": 3,
+        "learning_rate": 5e-3,
+        "loss_type": "vespo",
+        "beta": 0.0,
+        "bf16": False,
+        "use_cpu": True,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": 0,
+        "dataloader_num_workers": 0,
+    }
     args = GRPOConfig(**{**settings, **(config or {})})
     data = datasets.Dataset.from_dict({"prompt": ["12+3=", "ab", "sort 312:", "x"]})
     return cls(model=model, reward_funcs=distinct_chars, args=args, train_dataset=data,

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from vespo.advantages import group_advantages, zero_variance_groups
 from vespo.config import AdvantageConfig
+from vespo.errors import RewardFnError
 from vespo.models import encode_prompt
 from vespo.rollout.text import decode_responses
 from vespo.types import Problem, Rollout, TrainBatch
 
-RewardFn = Callable[[list[str], list[Any]], list[float]]  # (completions, ground truths) -> rewards
+RewardFn = Callable[[list[str], list[Problem]], list[float]]  # (completions, each one's problem) -> rewards
 
 
 @dataclass
@@ -65,9 +66,12 @@ class RolloutProducer:
     def score(self, prompts: PromptBatch, rollout: Rollout) -> tuple[TrainBatch, dict[str, float]]:
         """Rewards and advantages of a finished rollout, as a TrainBatch (old_logp not yet set)."""
         completions = self.decode(rollout)
-        truths = [p.ground_truth for p in prompts.problems for _ in range(self.group_size)]
-        rewards = torch.tensor(self.reward_fn(completions, truths), dtype=torch.float32)  # [B]
+        problems = [p for p in prompts.problems for _ in range(self.group_size)]
+        rewards = torch.tensor(self.reward_fn(completions, problems), dtype=torch.float32)  # [B]
         scored = torch.isfinite(rewards)  # [B] a reward that failed (NaN, reported by the scorer) drops its row
+        if not bool(scored.any()):
+            raise RewardFnError(f"every reward of a rollout batch of {len(rewards)} failed (NaN); see the warnings "
+                                "above for the reward function's errors")
         if not bool(scored.all()):
             rollout, prompts, rewards, n_failed = _drop_rows(rollout, prompts, rewards, scored)
         else:

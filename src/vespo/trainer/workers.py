@@ -48,7 +48,7 @@ class RolloutWorker:
         del policy
         self.tokenizer = tok
         self.scorer = build_scorer(cfg, build_task(cfg))
-        self.producer = RolloutProducer(self.engine, tok, None, lambda c, t: self.scorer.score(c, t).rewards,
+        self.producer = RolloutProducer(self.engine, tok, None, lambda c, p: self.scorer.score_problems(c, p).rewards,
                                         sampling, cfg.rollout.group_size, cfg.advantage)
         self._cv = threading.Condition()
         self._pending: tuple[dict, int, int] | None = None  # newest undelivered (weights, version, skipped)
