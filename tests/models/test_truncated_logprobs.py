@@ -87,6 +87,20 @@ def test_gradcheck_float64():
         (hidden, weight))
 
 
+def test_no_tokens_and_autocast():
+    """No tokens: empty log-probs and a zero weight gradient. Under bfloat16 autocast the logits stay
+    float32: the same numbers as without it."""
+    weight = torch.randn(9, 4, requires_grad=True)
+    logp, entropy = truncated_logprobs(torch.randn(0, 4), weight, None, torch.zeros(0, dtype=torch.long), 1.0, 3, 0.9)
+    logp.sum().backward()
+    assert logp.shape == entropy.shape == (0,) and torch.equal(weight.grad, torch.zeros_like(weight))
+    hidden, targets = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 4])
+    plain, _ = truncated_logprobs(hidden, weight, None, targets, 1.0, 3, 0.9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast, _ = truncated_logprobs(hidden, weight, None, targets, 1.0, 3, 0.9)
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+
+
 def test_outside_support_keeps_ties_together():
     # logits [1, 1, 0], top_p 0.3: softmax [0.4223, 0.4223, 0.1554]. Neither tied token has a strictly
     # more likely one (mass 0 < 0.3): both stay, whichever one a sort puts first. Token 2 has 0.8446

@@ -324,19 +324,19 @@ def truncated_logprobs(
     rows = chunk_size or max(1, CHUNK_ELEMENTS // weight.shape[0])  # tokens per chunk
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     parts = []
-    for chunk in _slices(hidden.shape[0], rows):
+    for chunk in _slices(hidden.shape[0], rows) or [slice(0, 0)]:  # no tokens: one empty chunk, zero gradients
         args = (hidden[chunk], weight, bias, targets[chunk], temperature, top_k, top_p)
         parts.append(checkpoint(_truncated_rows, *args, use_reentrant=False) if grad else _truncated_rows(*args))
-    dtype = _compute_dtype(hidden)
-    logp = torch.cat([p[0] for p in parts]) if parts else hidden.new_zeros(0, dtype=dtype)  # [N]
-    entropy = (torch.cat([p[1] for p in parts]) if parts else torch.zeros_like(logp)).detach()  # [N]
+    logp = torch.cat([p[0] for p in parts])  # [N]
+    entropy = torch.cat([p[1] for p in parts])  # [N], detached
     return logp, (entropy if with_entropy else None)
 
 
 def _truncated_rows(h, weight, bias, targets, temperature, top_k, top_p) -> tuple[Tensor, Tensor]:
-    """``truncated_logprobs`` of one chunk of tokens: logp [C], entropy [C]."""
+    """``truncated_logprobs`` of one chunk of tokens: logp [C], entropy [C]. Never autocast: float32 logits."""
     dtype = _compute_dtype(h)
-    z = F.linear(h.to(dtype), weight.to(dtype), _as_dtype(bias, dtype)) / temperature  # [C, V]
+    with torch.autocast(h.device.type, enabled=False):
+        z = F.linear(h.to(dtype), weight.to(dtype), _as_dtype(bias, dtype)) / temperature  # [C, V]
     with torch.no_grad():
         out = outside_support(z, top_k, top_p).scatter_(-1, targets[:, None], False)  # [C, V]
     logp_all = torch.log_softmax(z.masked_fill(out, float("-inf")), dim=-1)  # [C, V], -inf outside
