@@ -12,7 +12,7 @@ run in their order, so a later one finds what an earlier one wrote (`vespo plot 
 after `vespo train`). Shortened: `vespo train` gets `run.steps=1` (2 with --resume: one step is
 resumed), a 2-step warm start and 8 held-out problems; `vespo sweep` runs its whole grid when the
 sweep file's own cost estimate is under a minute, else its first grid point only (`--only`),
-shortened alike. A `vespo train` without --resume starts in a fresh run directory (each command
+shortened alike, with mini-batches of 1 prompt x 2 responses. A `vespo train` without --resume starts in a fresh run directory (each command
 shown is an alternative a reader may try). Placeholders (DIR, FILE, RUN_DIR..., `--config ...`)
 get stand-ins from STAND_INS; one without a stand-in fails the test, naming it.
 
@@ -42,6 +42,7 @@ import pytest
 import vespo
 from vespo.config import load_config
 from vespo.lab.grid import load_sweep
+from vespo.trainer.cli import default_config_path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -198,9 +199,10 @@ def with_stand_ins(command: Command) -> list[str]:
     return tokens
 
 
-def train_parts(tokens: list[str]) -> tuple[str | None, list[str]]:
-    """(the --config path or None, the overrides with --mode as run.mode) of a `vespo train` command."""
-    config = tokens[tokens.index("--config") + 1] if "--config" in tokens else None
+def train_parts(tokens: list[str]) -> tuple[str, list[str]]:
+    """(the config file, the overrides with --mode as run.mode) of a `vespo train` command; without
+    --config, the embedded demo, as `vespo train` reads it."""
+    config = tokens[tokens.index("--config") + 1] if "--config" in tokens else default_config_path()
     overrides = [t for t in tokens[2:] if "=" in t and not t.startswith("-")]
     if "--mode" in tokens:
         overrides.append(f"run.mode={tokens[tokens.index('--mode') + 1]}")
@@ -213,7 +215,7 @@ def shortened(tokens: list[str], ws: Path) -> list[str]:
     if sub == "train" and "--help-config" not in tokens:
         extra = [*TRAIN_SHORT, f"warmstart.cache_dir={ws / 'cache'}", f"run.steps={2 if '--resume' in tokens else 1}"]
     elif sub == "sweep" and "--dry-run" not in tokens:
-        extra = sweep_shortening(tokens, ws)
+        tokens, extra = sweep_shortening(tokens, ws)
     else:
         return tokens
     last = max((k for k, t in enumerate(tokens) if k > 1 and "=" in t and not t.startswith("-")
@@ -221,16 +223,20 @@ def shortened(tokens: list[str], ws: Path) -> list[str]:
     return tokens[: last + 1] + extra + tokens[last + 1 :]
 
 
-def sweep_shortening(tokens: list[str], ws: Path) -> list[str]:
-    """Nothing for a sweep estimated under SWEEP_BUDGET_S; else its first grid point, each run shortened."""
+def sweep_shortening(tokens: list[str], ws: Path) -> tuple[list[str], list[str]]:
+    """(tokens, extra overrides): as written for a sweep estimated under SWEEP_BUDGET_S; else narrowed to
+    the first grid point it names (each `--only` cut to its first value, one more per other axis),
+    its run shortened."""
     sweep = load_sweep(ws / tokens[2])
     only = dict(tokens[k + 1].split("=", 1) for k, t in enumerate(tokens) if t == "--only")
     points = [p for p in sweep.points() if all(p.labels.get(a) in v.split(",") for a, v in only.items())]
     if sweep.cost is not None and sweep.cost.wall_s(len(points)) <= SWEEP_BUDGET_S:
-        return []
+        return tokens, []
     first = points[0].labels
+    tokens = [t.split(",")[0] if k and tokens[k - 1] == "--only" else t for k, t in enumerate(tokens)]
     narrowed = [x for axis in sweep.axes if axis.label not in only for x in ("--only", f"{axis.label}={first[axis.label]}")]
-    return ["run.steps=1", *TRAIN_SHORT, f"warmstart.cache_dir={ws / 'cache'}", *narrowed]
+    smaller = ["staleness.minibatch_prompts=1", "rollout.group_size=2"]  # N prompts x 2 per rollout step
+    return tokens, ["run.steps=1", *TRAIN_SHORT, *smaller, f"warmstart.cache_dir={ws / 'cache'}", *narrowed]
 
 
 def shell_join(tokens: list[str]) -> str:
@@ -243,7 +249,7 @@ def fresh_run_dir(tokens: list[str], ws: Path) -> None:
     if tokens[1] != "train" or "--resume" in tokens or "--help-config" in tokens:
         return
     config, overrides = train_parts(tokens)
-    out = ws / load_config(ws / config if config else None, overrides).run.out_dir
+    out = ws / load_config(ws / config, overrides).run.out_dir
     shutil.rmtree(out, ignore_errors=True)
 
 
