@@ -12,17 +12,18 @@ run in their order, so a later one finds what an earlier one wrote (`vespo plot 
 after `vespo train`). Shortened: `vespo train` gets `run.steps=1` (2 with --resume: one step is
 resumed), a 2-step warm start and 8 held-out problems; `vespo sweep` runs its whole grid when the
 sweep file's own cost estimate is under a minute, else its first grid point only (`--only`),
-shortened alike, with mini-batches of 1 prompt x 2 responses. A `vespo train` without --resume starts in a fresh run directory (each command
-shown is an alternative a reader may try). Placeholders (DIR, FILE, RUN_DIR..., `--config ...`)
-get stand-ins from STAND_INS; one without a stand-in fails the test, naming it.
+shortened alike, with mini-batches of 1 prompt x 2 responses. A `vespo train` without --resume
+starts in a fresh run directory (each command shown is an alternative a reader may try).
+Placeholders (DIR, FILE, RUN_DIR..., `--config ...`) get stand-ins from STAND_INS; one without a
+stand-in fails the test, naming it.
 
 Skipped, with the reason: commands that need a GPU, vLLM or a model checkpoint, a running Ray
 cluster, or the lab's finished sweeps; usage synopses ([optional] parts). README.md's quick
-commands run by default (about 40 s); its sweep, report, Ray run and dataset evaluation, and every
-other document's commands, are marked slow. A test runs its document's earlier commands first
-when they have not run (what it may read), so any selection works. Every `vespo train` command
-(all documents, Ray and GPU ones included where their files exist) also has its config and
-overrides loaded in process by default, which takes milliseconds.
+commands run by default (20-40 s on 2 cores); its sweep, report, Ray run and dataset evaluation,
+and every other document's commands, are marked slow (about 4 minutes). A test runs its
+document's earlier commands first when they have not run (what it may read), so any selection
+works. Every `vespo train` command (all documents; Ray ones too) also has its config and
+overrides loaded in process by default, as `vespo train` loads them before it starts: milliseconds.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ TRAIN_SHORT = ["run.updates=0", "warmstart.steps=2", "task.eval_size=8", "run.pr
 SKIPS = [  # (pattern in the command, reason, whether its config still loads here)
     (re.compile(r"rollout\.engine=vllm|model\.path=/"), "needs a CUDA device, vLLM and a model checkpoint", False),
     (re.compile(r"async\.ray_address=(?!local)\S+"), "joins a running Ray cluster", True),
-    (re.compile(r"^vespo report runs/lab/"), "reads the lab's finished sweeps (hours of CPU) and rewrites the results "
-                                             "page; `vespo report` runs on a one-point sweep in README.md", False),
+    (re.compile(r"^vespo report runs/lab/"), ("reads the lab's finished sweeps (hours of CPU) and rewrites the "
+                                              "results page; `vespo report` runs on a one-point sweep in README.md"),
+     False),
     (re.compile(r"\[|SWEEP\.yaml"), "a usage synopsis, not a command", False),
 ]
 
@@ -120,8 +122,8 @@ def chain_segments(line: str) -> list[list[str]]:
     line = re.sub(r"^\s*\$\s+", "", line)
     try:
         tokens = shlex.split(line, comments=True)
-    except ValueError:
-        return []
+    except ValueError:  # unbalanced quotes: kept as words, so that bash reports the error when it runs
+        tokens = line.split()
     segments, current = [], []
     for token in [*tokens, "&&"]:
         if token in ("&&", "||", ";", "|"):
@@ -234,7 +236,8 @@ def sweep_shortening(tokens: list[str], ws: Path) -> tuple[list[str], list[str]]
         return tokens, []
     first = points[0].labels
     tokens = [t.split(",")[0] if k and tokens[k - 1] == "--only" else t for k, t in enumerate(tokens)]
-    narrowed = [x for axis in sweep.axes if axis.label not in only for x in ("--only", f"{axis.label}={first[axis.label]}")]
+    narrowed = [x for axis in sweep.axes if axis.label not in only
+                for x in ("--only", f"{axis.label}={first[axis.label]}")]
     smaller = ["staleness.minibatch_prompts=1", "rollout.group_size=2"]  # N prompts x 2 per rollout step
     return tokens, ["run.steps=1", *TRAIN_SHORT, *smaller, f"warmstart.cache_dir={ws / 'cache'}", *narrowed]
 
@@ -280,7 +283,8 @@ class Session:
         for earlier in self.commands[: self.commands.index(command) + 1]:
             if earlier.id not in self.outcomes and (is_slow(command) or not is_slow(earlier)):
                 self.outcomes[earlier.id] = self._execute(earlier)
-        failed = [f"{i}: {message}" for i, (kind, message) in self.outcomes.items() if kind == "fail" and i != command.id]
+        failed = [f"{i}: {message}" for i, (kind, message) in self.outcomes.items()
+                  if kind == "fail" and i != command.id]
         kind, message = self.outcomes[command.id]
         return kind, message + ("\nearlier commands that failed:\n" + "\n".join(failed) if failed else "")
 
