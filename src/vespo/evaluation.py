@@ -146,8 +146,7 @@ def _generate(generate_fn: GenerateFn, problems: list[Problem], k: int) -> list[
 def _score_group(scorer: RewardScorer, group: list[Problem], completions: list[list[str]], k: int,
                  threshold: float) -> list[ProblemResult]:
     flat = [c for per_problem in completions for c in per_problem]
-    truths = [p.ground_truth for p in group for _ in range(k)]
-    scored = scorer.score(flat, truths)
+    scored = scorer.score_problems(flat, [p for p in group for _ in range(k)])
     failed = {e.index for e in scored.errors if e.kind != "timeout"}  # timeouts are already 0.0
     rewards = [0.0 if i in failed else r for i, r in enumerate(scored.rewards)]
     errors = {e.index for e in scored.errors}

@@ -26,7 +26,12 @@ datasets = pytest.importorskip("datasets")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from vespo.integrations.trl import VespoGRPOTrainer, _check_supported, trl_rollout_correction  # noqa: E402
+from vespo.integrations.trl import (  # noqa: E402
+    VespoGRPOTrainer,
+    _check_supported,
+    check_trl_version,
+    trl_rollout_correction,
+)
 from vespo.losses import get_loss  # noqa: E402
 from vespo.models import build_char_tokenizer, tiny_model  # noqa: E402
 
@@ -36,28 +41,30 @@ def distinct_chars(completions, **kwargs) -> list[float]:
     return [len(set(c)) / max(len(c), 1) for c in completions]
 
 
-def make_trainer(tmp_path, cls=VespoGRPOTrainer, **kwargs):
+def make_trainer(tmp_path, cls=VespoGRPOTrainer, config=None, **kwargs):
+    """A trainer on the tiny model; ``config``: GRPOConfig fields to change, ``kwargs``: the trainer's."""
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = tiny_model("qwen3", "nano", tokenizer=tokenizer, seed=0)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        steps_per_generation=2,
-        max_completion_length=6,
-        max_steps=3,
-        learning_rate=5e-3,
-        loss_type="vespo",
-        beta=0.0,
-        bf16=False,
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        dataloader_num_workers=0,
-    )
+    settings = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "steps_per_generation": 2,
+        "max_completion_length": 6,
+        "max_steps": 3,
+        "learning_rate": 5e-3,
+        "loss_type": "vespo",
+        "beta": 0.0,
+        "bf16": False,
+        "use_cpu": True,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": 0,
+        "dataloader_num_workers": 0,
+    }
+    args = GRPOConfig(**{**settings, **(config or {})})
     data = datasets.Dataset.from_dict({"prompt": ["12+3=", "ab", "sort 312:", "x"]})
     return cls(model=model, reward_funcs=distinct_chars, args=args, train_dataset=data,
                processing_class=tokenizer, **kwargs)
@@ -178,8 +185,8 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("mode", IS_MODES)
-@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("mode,pair", [(mode, pair) for pair in sorted(PAIRS) for mode in IS_MODES
+                                       if pair != "vespo" or mode.startswith("token")])
 def test_vllm_is_correction_matches_trl_builtin(trained, vllm_on, monkeypatch, mode, pair):
     """With TRL's IS correction on and sampler log-probs that differ from the trainer's, the adapter's loss
     and gradient equal TRL's built-in loss to 1e-6: VESPO folds log ratio into log W, the others multiply."""
@@ -236,10 +243,13 @@ def test_vllm_correction_settings_map_and_conflicts_fail(trained, vllm_on, monke
     trainer, _ = trained
     expected = {"token_truncate": "tis_token", "token_mask": "mis_token", "sequence_truncate": "tis_seq",
                 "sequence_mask": "mis_seq"}
+    monkeypatch.setattr(trainer, "vespo_spec", get_loss("grpo"))
     for mode, ours in expected.items():
         monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", mode)
         correction = trl_rollout_correction(trainer)
         assert (correction.mode, correction.threshold) == (ours, CLIP_MAX)
+    monkeypatch.setattr(trainer, "vespo_spec", get_loss("vespo"))
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", "token_mask")
     batch = vllm_batch(trainer, "token_mask")
     monkeypatch.setattr(trainer, "vespo_config", get_loss("vespo").config_cls(rollout_correction={"mode": "tis_seq"}))
     with pytest.raises(ValueError, match="would correct a second time"):
@@ -288,3 +298,50 @@ def test_adaptive_vespo_takes_trl_kernel_arguments(tmp_path):
     assert (trainer.vespo_config.k_pos, trainer.vespo_config.lambda_neg) == (trainer.args.vespo_k_pos,
                                                                              trainer.args.vespo_lambda_neg)
 
+
+
+@pytest.mark.parametrize("loss", ["vespo", "vespo_adaptive"])
+@pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate"])
+def test_vespo_rejects_the_sequence_level_modes_as_trl_does(tmp_path, trained, vllm_on, monkeypatch, loss, mode):
+    """TRL 1.16's loss_type="vespo" refuses the sequence-level vLLM correction when the trainer is built
+    (TRL's default mode is one of them); the hook refuses it for vespo's VESPO losses too, at construction
+    (both before vLLM is needed) and at every step, naming the field; the other losses accept it."""
+    config = {"use_vllm": True, "vllm_importance_sampling_mode": mode}
+    with pytest.raises(ValueError, match="VESPO loss requires `vllm_importance_sampling_mode`"):
+        make_trainer(tmp_path, cls=GRPOTrainer, config=config)
+    message = f"GRPOConfig.vllm_importance_sampling_mode='{mode}' is not supported with loss '{loss}'"
+    config["loss_type"] = "dapo"  # TRL's own check stays out of the way
+    with pytest.raises(ValueError, match=message):
+        make_trainer(tmp_path, config=config, loss_name=loss)
+    with pytest.raises(ImportError, match="vLLM is not available"):  # grpo passes the check; TRL then needs vLLM
+        make_trainer(tmp_path, config=config, loss_name="grpo")
+    trainer, _ = trained
+    monkeypatch.setattr(trainer, "vespo_spec", get_loss(loss))
+    monkeypatch.setattr(trainer, "vespo_config", get_loss(loss).config_cls())
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", mode)
+    with pytest.raises(ValueError, match=message):
+        trainer._compute_loss(vllm_on, vllm_batch(trainer, mode))
+
+
+@pytest.mark.parametrize("field,value", [("top_p", 0.9), ("top_k", 20), ("min_p", 0.05),
+                                         ("repetition_penalty", 1.1)])
+def test_truncated_vllm_sampling_refuses_trls_correction(trained, vllm_on, monkeypatch, field, value):
+    """vLLM's log-probs are of the truncated distribution, TRL 1.16's π_old of the full one: the ratio would
+    carry the kept mass, so the correction is refused, naming the field; without it the loss runs."""
+    trainer, _ = trained
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_mode", "token_mask")
+    monkeypatch.setattr(trainer, field, value)
+    batch = vllm_batch(trainer, "token_mask")
+    with pytest.raises(ValueError, match=f"GRPOConfig.{field}={value!r} with vllm_importance_sampling_correction"):
+        trainer._compute_loss(vllm_on, batch)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", False)
+    assert torch.isfinite(trainer._compute_loss(vllm_on, batch))
+
+
+def test_other_trl_versions_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match=r"supports TRL 1\.16\.x; TRL 1\.17\.0 is installed"):
+        make_trainer(tmp_path)
+    check_trl_version("1.16.2")
+    with pytest.raises(RuntimeError, match="TRL 1.15.0 is installed"):
+        check_trl_version("1.15.0")

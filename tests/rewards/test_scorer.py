@@ -45,6 +45,11 @@ USER_REWARDS = textwrap.dedent(
     def always_raise(completion, ground_truth):
         raise RuntimeError("boom")
 
+    def raise_on_long(completion, ground_truth):
+        if len(completion) > 100:
+            raise RuntimeError("boom")
+        return exact(completion, ground_truth)
+
     NOT_CALLABLE = 3
     """
 )
@@ -111,7 +116,8 @@ def test_max_errors_raises_with_the_offending_samples(user_module):
 
 
 def test_long_completions_are_excerpted(user_module):
-    result = RewardScorer(load_reward_fn(f"{user_module}:always_raise"), num_workers=0).score(["x" * 500], [0])
+    scorer = RewardScorer(load_reward_fn(f"{user_module}:raise_on_long"), num_workers=0)
+    result = scorer.score(["x" * 500, "0"], [0, 0])
     assert result.errors[0].completion_excerpt == repr("x" * 80 + "...")
     assert result.errors[0].message == "RuntimeError: boom"
 
@@ -125,6 +131,8 @@ def test_bad_scorer_arguments():
         RewardScorer(lambda c, t: 1.0, num_workers=1)
     with pytest.raises(ValueError, match="completions has 2 items but ground_truths has 1"):
         RewardScorer(math_verify_reward, num_workers=0).score(["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="completions has 2 items but data_sources has 3"):
+        RewardScorer(math_verify_reward, num_workers=0).score(["a", "b"], ["1", "2"], ["s"] * 3)
 
 
 def test_timeout_kills_a_hanging_reward_and_keeps_scoring(user_module):

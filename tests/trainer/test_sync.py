@@ -24,6 +24,23 @@ def test_n1_recompute_gives_w_exactly_one(make_cfg):
         assert loop.learner.version == 1
 
 
+def test_truncated_sampling_gives_w_exactly_one_with_mu_recomputed_and_the_engines_mu_equal(make_cfg):
+    """top-p / top-k sampling: μ recomputed in its own pass (not the update's forward) and π are both of the
+    truncated distribution, so at N = 1 log W is 0 exactly; with μ = the engine's log-probs (a float32 engine)
+    log W is float rounding, where the full softmax would be off by the log of the kept mass."""
+    truncation = ("rollout.top_p=0.8", "rollout.top_k=5")
+    with sync_loop(make_cfg("staleness.n=1", *truncation)) as loop:
+        loop.learner.can_share = False
+        metrics = rollout_step(loop)
+        assert metrics["is/log_w_min"] == 0.0 and metrics["is/log_w_max"] == 0.0
+    for behavior, top in (("rollout", truncation), ("rollout", ())):
+        with sync_loop(make_cfg("staleness.n=1", f"staleness.behavior={behavior}", *truncation)) as loop:
+            loop.learner.top_k, loop.learner.top_p = (5, 0.8) if top else (0, 1.0)
+            metrics = rollout_step(loop)
+        gap = max(abs(metrics["is/log_w_min"]), abs(metrics["is/log_w_max"]))
+        assert gap < 1e-4 if top else gap > 1e-2, (top, gap)
+
+
 def test_stale_minibatches_have_lags_0_to_n_minus_1(make_cfg):
     with sync_loop(make_cfg("staleness.n=4")) as loop:
         seen = []

@@ -17,12 +17,21 @@ ratio ρ = π_old/π_sampler, as TRL applies it:
 
     vllm_importance_sampling_mode    vespo rollout_correction (threshold = vllm_importance_sampling_clip_max)
     token_truncate / token_mask      tis_token / mis_token
-    sequence_truncate / sequence_mask  tis_seq / mis_seq
+    sequence_truncate / sequence_mask  tis_seq / mis_seq (not with vespo, vespo_adaptive)
 
-VESPO (and vespo_adaptive) add log ρ to log W, as TRL's `loss_type="vespo"` does; the other losses
-multiply their per-token loss by ρ, as TRL's other losses do. `vllm_importance_sampling_clip_min`
-has no counterpart and is rejected. With TRL's correction off, the loss config's own
-`rollout_correction` applies (none by default), and `rollout/k1`, `rollout/k3` still report the gap.
+VESPO (and vespo_adaptive) add log ρ to log W, as TRL's `loss_type="vespo"` does, and like it accept
+the token-level modes only: TRL's default `sequence_mask` and `sequence_truncate` are rejected,
+naming the field. The other losses multiply their per-token loss by ρ, as TRL's other losses do.
+`vllm_importance_sampling_clip_min` has no counterpart and is rejected. With TRL's correction off,
+the loss config's own `rollout_correction` applies (none by default), and `rollout/k1`, `rollout/k3`
+still report the gap. TRL 1.16 recomputes π_old over the full vocabulary while vLLM returns the
+log-probs of the truncated distribution it sampled, so ρ carries the kept mass S whenever
+sampling is truncated (fixed in TRL 1.17; docs/sampling.md): the correction is refused
+with `top_p < 1`, `top_k > 0`, `min_p` or `repetition_penalty != 1` (docs/sampling.md).
+
+Supported TRL: 1.16 (checked when the trainer is built). The hook relies on 1.16's internals (the
+meaning of `num_items_in_batch`, `_get_per_token_logps_and_entropies`, the batch's keys), which
+changed before it and in 1.17's importance sampling under top-k / top-p.
 
 The loss is normalized the way TRL normalizes its token-summing losses (`dapo`, `vespo`): by the
 token count, or for seq-mean-* aggregations the sequence count, of one optimizer step's batch on
@@ -37,13 +46,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+import trl
 from trl import GRPOConfig, GRPOTrainer
 
 from vespo.losses import RolloutCorrection, get_loss
 from vespo.losses.diagnostics import metric_reduction
+
+SUPPORTED_TRL = (1, 16)  # (major, minor) this hook is written and tested against
 
 # TRL's vllm_importance_sampling_mode -> vespo's rollout-correction mode for the same ratio
 TRL_IS_MODES = {
@@ -52,6 +65,7 @@ TRL_IS_MODES = {
     "sequence_truncate": "tis_seq",
     "sequence_mask": "mis_seq",
 }
+VESPO_IS_MODES = ("token_truncate", "token_mask")  # what TRL's own loss_type="vespo" accepts
 
 
 class VespoGRPOTrainer(GRPOTrainer):
@@ -63,7 +77,11 @@ class VespoGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, loss_name: str = "vespo", loss_config: Any = None, **kwargs: Any) -> None:
+        check_trl_version(trl.__version__)
         self.vespo_spec = get_loss(loss_name)
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if config is not None:  # before TRL builds vLLM, as TRL checks its own VESPO
+            trl_rollout_correction(_settings_of(config, self.vespo_spec))
         super().__init__(*args, **kwargs)
         self.vespo_config = _resolve_config(self.vespo_spec, loss_config, self.args)
         _check_supported(self.args)
@@ -168,6 +186,14 @@ def trl_rollout_correction(trainer: GRPOTrainer) -> RolloutCorrection | None:
     if mode not in TRL_IS_MODES:
         raise ValueError(f"GRPOConfig.vllm_importance_sampling_mode={mode!r} is unknown; choose one of: "
                          f"{', '.join(TRL_IS_MODES)}")
+    if trainer.vespo_spec.name in ("vespo", "vespo_adaptive") and mode not in VESPO_IS_MODES:
+        raise ValueError(
+            f"GRPOConfig.vllm_importance_sampling_mode={mode!r} is not supported with loss "
+            f"{trainer.vespo_spec.name!r}, as TRL's own loss_type='vespo' rejects it: VESPO folds the "
+            f"correction into its sequence weight token by token; set it to {' or '.join(VESPO_IS_MODES)} "
+            "(TRL's default is 'sequence_mask'), or vllm_importance_sampling_correction=False"
+        )
+    _check_untruncated_sampling(trainer)
     if trainer.vllm_importance_sampling_clip_min is not None:
         raise ValueError(
             f"GRPOConfig.vllm_importance_sampling_clip_min={trainer.vllm_importance_sampling_clip_min!r} is not "
@@ -188,6 +214,47 @@ def with_trl_correction(config: Any, correction: RolloutCorrection | None) -> An
             "TRL's vllm_importance_sampling_correction is on; use one of the two"
         )
     return dataclasses.replace(config, rollout_correction=correction)
+
+
+def _settings_of(config: GRPOConfig, spec: Any) -> SimpleNamespace:
+    """The settings `trl_rollout_correction` reads, from the config that GRPOTrainer.__init__ copies them from."""
+    names = ("use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "top_p", "top_k", "min_p",
+             "repetition_penalty")
+    return SimpleNamespace(args=config, vespo_spec=spec, **{name: getattr(config, name) for name in names})
+
+
+def check_trl_version(version: str) -> None:
+    """Refuse a TRL other than SUPPORTED_TRL, whose internals the hook reads."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if major_minor != SUPPORTED_TRL:
+        supported = ".".join(map(str, SUPPORTED_TRL))
+        raise RuntimeError(
+            f"VespoGRPOTrainer supports TRL {supported}.x; TRL {version} is installed. The hook reads TRL "
+            f"{supported}'s GRPOTrainer internals (its loss normalizer and batch keys), which other versions "
+            f"change: install trl=={supported}.* (docs/integrations.md)"
+        )
+
+
+def _check_untruncated_sampling(trainer: GRPOTrainer) -> None:
+    """Refuse TRL's correction when vLLM samples from a reshaped distribution TRL 1.16's π_old does not see."""
+    overrides = getattr(trainer.args, "generation_kwargs", None) or {}
+    settings = {name: overrides.get(name, getattr(trainer, name, None))
+                for name in ("top_p", "top_k", "min_p", "repetition_penalty")}
+    reshaped = {
+        "top_p": settings["top_p"] is not None and settings["top_p"] < 1.0,
+        "top_k": settings["top_k"] is not None and settings["top_k"] > 0,
+        "min_p": bool(settings["min_p"]),
+        "repetition_penalty": settings["repetition_penalty"] not in (None, 1.0),
+    }
+    for name, bad in reshaped.items():
+        if bad:
+            raise ValueError(
+                f"GRPOConfig.{name}={settings[name]!r} with vllm_importance_sampling_correction=True: vLLM's "
+                "log-probs are those of the reshaped distribution it samples from, TRL 1.16's π_old those of "
+                "the full softmax, so the correction's ratio would carry the kept mass (docs/sampling.md); "
+                f"leave {name} at its default or set vllm_importance_sampling_correction=False"
+            )
 
 
 def _check_supported(args: GRPOConfig) -> None:

@@ -10,6 +10,13 @@ across vocab blocks in forward and recomputes each block's softmax in backward. 
 ever holds the full [B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB)
 plus the V x H weight gradient that any path needs. Padded response positions are skipped entirely and read 0.
 Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
+
+With top-k / top-p sampling (``top_k > 0`` or ``top_p < 1``) the log-probs are those of the
+truncated, renormalised distribution the engine samples from (docs/sampling.md): the same rule,
+``outside_support``, applied to the trainer's own logits, with the scored token always kept.
+Truncation needs each token's full row of logits, so that case takes a plain autograd path
+(``truncated_logprobs``) over chunks of tokens, each recomputed in backward (activation
+checkpointing), so it too never holds more than one [chunk tokens, vocab] block per pass.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from vespo.models.moe import replay_routing
@@ -39,6 +47,8 @@ def response_logprobs(
     with_entropy: bool = True,
     routed_experts: Tensor | None = None,
     share_prompts: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
     """logp [B, T] float32 (with grad when enabled) and entropy [B, T] detached (or None).
 
@@ -51,8 +61,12 @@ def response_logprobs(
     ``shared_prompt_hidden_states``): the same numbers up to float rounding, faster for groups.
     The model then runs twice (prompts, responses) rather than once over cat(prompt, response),
     so it cannot be combined with routed_experts, nor with hooks that expect that one pass.
+    top_k / top_p: the sampling truncation (0 / 1.0: none, the full softmax). With either on, logp
+    and entropy are those of the truncated, renormalised distribution of logits / temperature,
+    the scored token always inside it (``truncated_logprobs``; docs/sampling.md).
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size)
+    _check_truncation(top_k, top_p)
     if share_prompts and routed_experts is not None:
         raise ValueError("share_prompts cannot replay routed_experts: router replay indexes one pass over "
                          "cat(prompt, response)")
@@ -60,9 +74,15 @@ def response_logprobs(
     hidden = states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
     valid = response_mask > 0  # [B, T]
     head = _lm_head(model)
-    logp_valid, ent_valid = _chunked(
-        hidden[valid], head.weight, head.bias, response_ids[valid], temperature, chunk_size, with_entropy
-    )  # [N], [N] or None
+    if top_k > 0 or top_p < 1.0:
+        logp_valid, ent_valid = truncated_logprobs(
+            hidden[valid], head.weight, head.bias, response_ids[valid], temperature, top_k, top_p, chunk_size,
+            with_entropy,
+        )  # [N], [N] or None
+    else:
+        logp_valid, ent_valid = _chunked(
+            hidden[valid], head.weight, head.bias, response_ids[valid], temperature, chunk_size, with_entropy
+        )  # [N], [N] or None
     logp = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)  # [B, T]
     logp = logp.masked_scatter(valid, logp_valid.float())
     entropy = None
@@ -251,6 +271,81 @@ def chunk_shape(tokens: int, vocab: int, chunk_size: int | None = None) -> tuple
     return rows, min(vocab, max(1, CHUNK_ELEMENTS // rows))
 
 
+def outside_support(z: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Where top-k / top-p sampling from logits z [N, V] (already divided by the temperature) never
+    draws: [N, V] bool.
+
+    Top-k first: tokens below the k-th largest logit are out (ties with it stay; k >= V keeps all).
+    Then the nucleus of what is left: out goes every token whose strictly more likely tokens already
+    hold probability >= top_p, so the most likely token always stays, and tied tokens (common with
+    bfloat16 logits) are in or out together, whatever order a sort puts them in. The one rule of
+    the rollout engines (``vespo.rollout.sampling_logprobs``) and of the trainer (``truncated_logprobs``).
+    """
+    out = torch.zeros_like(z, dtype=torch.bool)  # [N, V]
+    if 0 < top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]  # [N, 1]
+        out = z < kth
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z.masked_fill(out, float("-inf")), dim=-1, descending=True)  # [N, V]
+        probs = torch.softmax(sorted_z, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # [N, V] probability of the tokens sorted before
+        out = out | torch.zeros_like(out).scatter(-1, order, _first_of_ties(sorted_z, mass_before) >= top_p)
+    return out
+
+
+def _first_of_ties(sorted_z: Tensor, values: Tensor) -> Tensor:
+    """values [N, V] read at the first position of each run of equal sorted_z [N, V] (sorted descending):
+    for the mass sorted before a token, the mass of the strictly larger ones."""
+    position = torch.arange(sorted_z.shape[-1], device=sorted_z.device).expand_as(sorted_z)  # [N, V]
+    starts = torch.ones_like(sorted_z, dtype=torch.bool)
+    starts[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
+    first = torch.where(starts, position, 0).cummax(dim=-1).values  # [N, V] where each run starts
+    return values.gather(-1, first)
+
+
+def truncated_logprobs(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, top_k: int,
+    top_p: float, chunk_size: int | None = None, with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """log-probs [N] of targets under the truncated, renormalised distribution, and its entropy [N] (or None).
+
+    z = (hidden @ weight.T + bias) / temperature; the tokens ``outside_support(z)`` are removed,
+    except the target (a token the engine drew under other weights or kernels stays scorable:
+    its log-prob is finite, renormalised over the support plus itself); then log_softmax. The
+    support is chosen without gradient, as sampling chose it; the log-prob is differentiable in
+    hidden, weight and bias through the renormalisation over it. Computed in float32 (float64
+    for float64 hidden), over chunks of tokens of at most CHUNK_ELEMENTS logits, each recomputed
+    in backward.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} must be [N, H] and weight {tuple(weight.shape)} [V, H]")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets {tuple(targets.shape)} must be [N] = {tuple(hidden.shape[:1])}")
+    rows = chunk_size or max(1, CHUNK_ELEMENTS // weight.shape[0])  # tokens per chunk
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    parts = []
+    for chunk in _slices(hidden.shape[0], rows) or [slice(0, 0)]:  # no tokens: one empty chunk, zero gradients
+        args = (hidden[chunk], weight, bias, targets[chunk], temperature, top_k, top_p)
+        parts.append(checkpoint(_truncated_rows, *args, use_reentrant=False) if grad else _truncated_rows(*args))
+    logp = torch.cat([p[0] for p in parts])  # [N]
+    entropy = torch.cat([p[1] for p in parts])  # [N], detached
+    return logp, (entropy if with_entropy else None)
+
+
+def _truncated_rows(h, weight, bias, targets, temperature, top_k, top_p) -> tuple[Tensor, Tensor]:
+    """``truncated_logprobs`` of one chunk of tokens: logp [C], entropy [C]. Never autocast: float32 logits."""
+    dtype = _compute_dtype(h)
+    with torch.autocast(h.device.type, enabled=False):
+        z = F.linear(h.to(dtype), weight.to(dtype), _as_dtype(bias, dtype)) / temperature  # [C, V]
+    with torch.no_grad():
+        out = outside_support(z, top_k, top_p).scatter_(-1, targets[:, None], False)  # [C, V]
+    logp_all = torch.log_softmax(z.masked_fill(out, float("-inf")), dim=-1)  # [C, V], -inf outside
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [C]
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all.masked_fill(out, 0.0)).sum(-1)  # [C]
+    return logp, entropy
+
+
 def _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entropy: bool):
     """chunked_logprobs, with entropy skipped (returned as None) when with_entropy is False."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -426,6 +521,13 @@ def _maybe_replay(model: nn.Module, routed_experts: Tensor | None, input_ids: Te
         raise ValueError(f"routed_experts must be [B, P+T, L, K] with [B, P+T] = {tuple(input_ids.shape)}; "
                          f"got {tuple(routed_experts.shape)}")
     return replay_routing(model, routed_experts)
+
+
+def _check_truncation(top_k: int, top_p: float) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 = off); got {top_k!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off); got {top_p!r}")
 
 
 def _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask, temperature, chunk_size) -> None:

@@ -2,8 +2,10 @@
 
     from vespo.rewards import math_verify_reward, RewardScorer, load_reward_fn
     fn = load_reward_fn("my_package.rewards:exact")      # (completion, ground_truth) -> float
+    fn = load_reward_fn("my_verl_rewards:compute_score") # or verl's (data_source, solution_str, ground_truth, ...)
     with RewardScorer(fn, timeout_s=5.0, num_workers=2) as scorer:
         result = scorer.score(completions, ground_truths)  # ScoreResult(rewards, errors)
+        result = scorer.score_problems(completions, problems)  # with each Problem's data_source and extra_info
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ import importlib
 from typing import Any
 
 from vespo.errors import RewardFnError
-from vespo.rewards.scorer import RewardError, RewardFn, RewardScorer, ScoreError, ScoreResult
+from vespo.rewards.scorer import (
+    SIGNATURES,
+    RewardError,
+    RewardFn,
+    RewardScorer,
+    RewardsFailedError,
+    ScoreError,
+    ScoreResult,
+    reward_call,
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -28,8 +39,9 @@ def __getattr__(name: str) -> Any:
 
 def load_reward_fn(path: str, field: str = "reward function") -> RewardFn:
     """The callable named by "package.module:function" (a dotted attribute path after the colon
-    is followed, e.g. "pkg.mod:obj.method"). Errors are RewardFnError naming ``field`` (the config
-    field or option that gave the path, e.g. "task.reward") and the part of the path that failed."""
+    is followed, e.g. "pkg.mod:obj.method"), with one of the signatures the scorer accepts
+    (``SIGNATURES``). Errors are RewardFnError naming ``field`` (the config field or option that
+    gave the path, e.g. "task.reward") and the part of the path that failed."""
     module_name, sep, attr_path = path.partition(":")
     where = f"{field} {path!r}"
     if not sep or not module_name or not attr_path:
@@ -48,7 +60,12 @@ def load_reward_fn(path: str, field: str = "reward function") -> RewardFn:
         obj = getattr(obj, part)
     if not callable(obj):
         raise RewardFnError(f"{where} is a {type(obj).__name__}, not a callable")
+    try:
+        reward_call(obj)  # one of the two accepted signatures
+    except RewardFnError as exc:
+        raise RewardFnError(f"{where}: {exc}") from None
     return obj
 
 
-__all__ = ["math_verify_reward", "load_reward_fn", "RewardScorer", "ScoreResult", "ScoreError", "RewardError"]
+__all__ = ["SIGNATURES", "RewardError", "RewardScorer", "RewardsFailedError", "ScoreError", "ScoreResult",
+           "load_reward_fn", "math_verify_reward", "reward_call"]

@@ -2,7 +2,8 @@
 
 Any engine (Hugging Face, vLLM) samples from ``sampling_logprobs(logits, params)``: the
 log-softmax of logits / temperature, restricted to the top-k tokens and then to the top-p
-nucleus, renormalised. The behavior log-prob of a sampled token is read from that distribution.
+nucleus, renormalised. The behavior log-prob of a sampled token is read from that distribution; the
+trainer's μ and π use the same truncation (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from vespo.models.logprobs import outside_support
 from vespo.types import Rollout
 
 
@@ -38,24 +40,11 @@ class SamplingParams:
 
 def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
     """Log-probs [B, V] (float32, or float64 for float64 logits) of the distribution sampled from;
-    -inf outside top-k / top-p."""
+    -inf outside top-k / top-p (the rule of ``vespo.models.logprobs.outside_support``)."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature  # [B, V]
-    if params.top_k > 0 and params.top_k < z.shape[-1]:
-        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]  # [B, 1]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if params.top_p < 1.0:
-        z = _nucleus(z, params.top_p)
+    if params.top_k > 0 or params.top_p < 1.0:
+        z = z.masked_fill(outside_support(z, params.top_k, params.top_p), float("-inf"))
     return torch.log_softmax(z, dim=-1)
-
-
-def _nucleus(z: Tensor, top_p: float) -> Tensor:
-    """Mask tokens outside the smallest most-likely set whose probability reaches top_p."""
-    sorted_z, order = torch.sort(z, dim=-1, descending=True)  # [B, V]
-    probs = torch.softmax(sorted_z, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly more likely tokens
-    drop_sorted = mass_before >= top_p  # the most likely token always stays (mass_before = 0)
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return z.masked_fill(drop, float("-inf"))
 
 
 @runtime_checkable

@@ -79,8 +79,9 @@ class Staged:
 class Learner:
     def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
                  total_updates: int, behavior: str = "recompute", replay: str = "none",
-                 temperature: float = 1.0, max_nonfinite: int = 3, device: torch.device | str = "cpu",
-                 autocast: bool = False, compile: bool = False, dist: Dist | None = None):
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_nonfinite: int = 3,
+                 device: torch.device | str = "cpu", autocast: bool = False, compile: bool = False,
+                 dist: Dist | None = None):
         if behavior not in BEHAVIORS:
             raise ValueError(f"behavior must be one of {', '.join(BEHAVIORS)}; got {behavior!r}")
         if replay not in REPLAY_MODES:
@@ -103,6 +104,7 @@ class Learner:
         self.loss_cfg = self.spec.config_cls(**loss_options)
         self.optim_cfg = optim
         self.temperature = temperature
+        self.top_k, self.top_p = top_k, top_p  # the rollout's truncation: μ and π are of that distribution
         self.max_nonfinite = max_nonfinite
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         # fused: one kernel for all parameters instead of ~10 small ops per tensor (4x faster on CPU)
@@ -184,8 +186,9 @@ class Learner:
         share_prompts = share_prompts and micro.routed_experts is None and not self.dist.active
         with self._autocast():
             return self.module(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
-                               temperature=self.temperature, with_entropy=with_entropy,
-                               routed_experts=micro.routed_experts, share_prompts=share_prompts)
+                               temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                               with_entropy=with_entropy, routed_experts=micro.routed_experts,
+                               share_prompts=share_prompts)
 
     # ------------------------------------------------------------ one optimizer step
 

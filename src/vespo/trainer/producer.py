@@ -13,19 +13,20 @@ vespo.rollout.text, the decoding path evaluation uses too.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from vespo.advantages import group_advantages, zero_variance_groups
 from vespo.config import AdvantageConfig
+from vespo.errors import RewardFnError
 from vespo.metrics import rollout_rows
 from vespo.models import encode_prompt
 from vespo.rollout.text import decode_responses
 from vespo.types import Problem, Rollout, TrainBatch
 
-RewardFn = Callable[[list[str], list[Any]], list[float]]  # (completions, ground truths) -> rewards
+RewardFn = Callable[[list[str], list[Problem]], list[float]]  # (completions, each one's problem) -> rewards
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,12 @@ class RolloutScorer:
         (NaN, reported by the scorer) is dropped, and with ``advantage.skip_zero_variance`` so are groups of
         equal rewards (after their rows are counted)."""
         completions = decode_responses(self.tokenizer, rollout)
-        truths = [p.ground_truth for p in prompts.problems for _ in range(self.group_size)]
-        rewards = torch.tensor(self.reward_fn(completions, truths), dtype=torch.float32)  # [B]
+        problems = [p for p in prompts.problems for _ in range(self.group_size)]
+        rewards = torch.tensor(self.reward_fn(completions, problems), dtype=torch.float32)  # [B]
         scored = torch.isfinite(rewards)  # [B]
+        if not bool(scored.any()):
+            raise RewardFnError(f"every reward of a rollout batch of {len(rewards)} failed (NaN); see the warnings "
+                                "above for the reward function's errors")
         if not bool(scored.all()):
             rollout, prompts, rewards = _keep_rows(rollout, prompts, rewards, scored)
         adv = group_advantages(rewards, prompts.group_ids, self.advantage.estimator, self.advantage.eps)  # [B]

@@ -34,7 +34,8 @@ def make_learner(cfg: Config, policy, dist: Dist | None = None) -> Learner:
     from vespo.trainer.distributed import local_device
 
     return Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, cfg.total_updates, behavior=cfg.behavior,
-                   replay=cfg.rollout.router_replay, temperature=cfg.rollout.temperature,
+                   replay=cfg.rollout.router_replay, temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
+                   top_p=cfg.rollout.top_p,
                    max_nonfinite=cfg.run.max_nonfinite_steps, device=local_device(resolve_device(cfg.model.device)),
                    autocast=cfg.model.autocast, compile=cfg.run.compile, dist=dist)
 

@@ -11,7 +11,6 @@ in the sample sources (vespo.trainer.sources, vespo.trainer.ray_source).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,9 +36,10 @@ class Run:
     scorer: RewardScorer
     warmstart: dict[str, float] = field(default_factory=dict)
 
-    def rewards(self, completions: list[str], truths: list[Any]) -> list[float]:
-        """Rewards of a batch; a failed reward is NaN (reported by the scorer), never a silent 0/1."""
-        return self.scorer.score(completions, truths).rewards
+    def rewards(self, completions: list[str], problems: list[Problem]) -> list[float]:
+        """Rewards of a batch, each completion against its problem; a failed reward is NaN (reported by
+        the scorer), never a silent 0/1."""
+        return self.scorer.score_problems(completions, problems).rewards
 
     def make_engine(self, policy: PreTrainedModel):
         """A rollout engine holding its own copy of ``policy`` (weights replaced by load_weights later)."""

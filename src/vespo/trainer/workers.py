@@ -48,8 +48,8 @@ class RolloutWorker:
         del policy
         self.tokenizer = tok
         self.scorer = build_scorer(cfg, build_task(cfg))
-        self.rollout_scorer = RolloutScorer(tok, lambda c, t: self.scorer.score(c, t).rewards, cfg.rollout.group_size,
-                                            cfg.advantage)
+        self.rollout_scorer = RolloutScorer(tok, lambda c, p: self.scorer.score_problems(c, p).rewards,
+                                            cfg.rollout.group_size, cfg.advantage)
         self.sampling = sampling
         self._cv = threading.Condition()
         self._pending: tuple[dict, int, int] | None = None  # newest undelivered (weights, version, skipped)
