@@ -22,7 +22,7 @@ from vespo.errors import RewardFnError
 from vespo.models import build_char_tokenizer, tiny_model
 from vespo.rewards import RewardScorer, RewardsFailedError, load_reward_fn
 from vespo.rollout import HFEngine, SamplingParams
-from vespo.trainer.producer import RolloutProducer
+from vespo.trainer.producer import PromptSampler, RolloutScorer
 from vespo.types import Problem
 
 REWARDS = textwrap.dedent(
@@ -153,8 +153,8 @@ def test_vespo_train_stops_with_exit_2_when_every_reward_fails(tmp_path, reward_
         assert part in line, line
 
 
-def test_the_rollout_producer_refuses_a_batch_without_one_reward():
-    """Whatever reward function the producer is given, a batch where none scored (all NaN) stops with a
+def test_the_rollout_scorer_refuses_a_batch_without_one_reward():
+    """Whatever reward function the scorer is given, a batch where none scored (all NaN) stops with a
     user error, not a failure deep in the advantage code."""
     tok = build_char_tokenizer()
     engine = HFEngine(tiny_model("qwen3", "nano", tokenizer=tok, seed=0), tok)
@@ -164,8 +164,9 @@ def test_the_rollout_producer_refuses_a_batch_without_one_reward():
         seen.append([p.id for p in problems])
         return [math.nan] * len(completions)
 
-    producer = RolloutProducer(engine, tok, PromptStream(PROBLEMS, seed=0), nan_rewards,
-                               SamplingParams(max_new_tokens=3), group_size=2, advantage=AdvantageConfig())
+    prompts = PromptSampler(tok, PromptStream(PROBLEMS, seed=0), group_size=2).sample(2, first_group_id=0)
+    rollout = engine.generate(prompts.prompt_ids, SamplingParams(max_new_tokens=3), seed=0)
+    scorer = RolloutScorer(tok, nan_rewards, group_size=2, advantage=AdvantageConfig())
     with pytest.raises(RewardFnError, match="every reward of a rollout batch of 4 failed"):
-        producer.produce(2, seed=0, first_group_id=0)
+        scorer.score(prompts, rollout)
     assert len(seen) == 1 and len(seen[0]) == 4 and seen[0][0] == seen[0][1]  # each problem G = 2 times
