@@ -110,6 +110,33 @@ def test_loss_equals_trl_builtin_vespo(trained):
     torch.testing.assert_close(g_ours, g_builtin, rtol=1e-4, atol=1e-7)
 
 
+def test_every_logged_metric_is_the_optimizer_steps_whatever_the_micro_batching(trained, monkeypatch):
+    """One optimizer step's 4 rows in one call, or in 4 micro-batch calls (gradient accumulation 4): the same
+    value of every vespo metric TRL logs, to float rounding (is/ess, quantiles, phi_neg_min of an A < 0 row
+    that only one micro-batch has, counts...)."""
+    trainer, _ = trained
+    batch = _batch(trainer)
+    batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, 0.5])  # one A < 0 row: the others' micro-batches have none
+    trainer.model.train()
+    trainer.log({})  # what earlier calls left is logged and gone
+    logged = []
+    for parts in (1, 4):
+        monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", parts, raising=False)
+        monkeypatch.setattr(trainer.args, "steps_per_generation", parts)  # the same tokens per optimizer step
+        for rows in torch.arange(4).chunk(parts):
+            trainer._compute_loss(trainer.model, {k: v[rows] if torch.is_tensor(v) and v.dim() and len(v) == 4 else v
+                                                  for k, v in batch.items()})
+        logs: dict = {}
+        trainer.log(logs)
+        logged.append(logs)
+    whole, split = logged
+    keys = [k for k in whole if k.startswith(("is/", "kl/", "loss/", "vespo/")) or k == "entropy"]
+    assert {"is/ess", "is/log_w_p90", "vespo/phi_neg_min", "vespo/n_neg", "entropy"} <= set(keys)
+    assert whole["vespo/n_neg"] == 1.0 and whole["is/log_w_max"] != 0.0
+    for key in keys:
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+
+
 def test_length_norm_ablation_changes_the_loss(trained):
     trainer, _ = trained
     batch = _batch(trainer)
@@ -269,11 +296,14 @@ def test_sampler_gap_reported_without_trl_correction(trained, vllm_on, monkeypat
     trainer, _ = trained
     monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", False)
     batch = vllm_batch(trainer, "token_truncate")
-    trainer._metrics["train"].clear()
+    trainer.model.train()
+    trainer.log({})
     trainer._compute_loss(vllm_on, batch)
+    logs: dict = {}
+    trainer.log(logs)
     mask = batch["completion_mask"].bool()
     d = torch.nan_to_num(batch["sampling_per_token_logps"] - batch["old_per_token_logps"], nan=0.0)[mask]
-    assert trainer._metrics["train"]["rollout/k1"][-1] == pytest.approx(d.mean().item(), rel=1e-6)
+    assert logs["rollout/k1"] == pytest.approx(d.mean().item(), rel=1e-6)
 
 
 def test_adaptive_vespo_runs_in_trl(trained, vllm_on, monkeypatch):
@@ -288,8 +318,11 @@ def test_adaptive_vespo_runs_in_trl(trained, vllm_on, monkeypatch):
     ours, builtin = trainer._compute_loss(vllm_on, batch), GRPOTrainer._compute_loss(trainer, vllm_on, batch)
     torch.testing.assert_close(ours, builtin, rtol=1e-6, atol=0)
     monkeypatch.setattr(trainer, "vespo_config", spec.config_cls())  # the budget rule: a loss of its own
+    trainer.model.train()
     assert torch.isfinite(trainer._compute_loss(vllm_on, batch))
-    assert "vespo/lambda_pos" in trainer._metrics["train"]
+    logs: dict = {}
+    trainer.log(logs)
+    assert "vespo/lambda_pos" in logs
 
 
 def test_adaptive_vespo_takes_trl_kernel_arguments(tmp_path):

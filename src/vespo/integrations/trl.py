@@ -37,9 +37,12 @@ The loss is normalized the way TRL normalizes its token-summing losses (`dapo`, 
 token count, or for seq-mean-* aggregations the sequence count, of one optimizer step's batch on
 this process, so gradient accumulation and data parallelism leave the gradient unchanged.
 
-vespo's diagnostics (`is/ess`, `vespo/phi_pos_mean`, ...) go to TRL's metrics (`self._metrics`),
-combined over processes by their names (a `_max` by max, ...; `vespo.losses.diagnostics.metric_reduction`),
-and appear in the trainer's logs next to TRL's own (which then average them over logging steps).
+vespo's diagnostics (`is/ess`, `vespo/phi_pos_mean`, ..., and `entropy`) are each one optimizer step's
+value whatever the micro-batching: every call keeps its per-row statistics until the step's
+micro-batches (the gradient-accumulation window) are all in, the rows of every process are gathered,
+and the step's metrics are formed from all of them (vespo.losses.diagnostics). At each log the steps
+since the last one combine by the metric's name (a `_max` by max, a count by sum, a statistic of one
+sign of A over the steps that have that sign; vespo.metrics.reduce_metrics), not by TRL's plain mean.
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ from typing import Any
 
 import torch
 import trl
+from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.losses import RolloutCorrection, get_loss
-from vespo.losses.diagnostics import metric_reduction
+from vespo.losses import RolloutCorrection, concat_rows, get_loss, summarize
+from vespo.metrics import reduce_metrics, to_floats
 
 SUPPORTED_TRL = (1, 16)  # (major, minor) this hook is written and tested against
 
@@ -109,7 +113,7 @@ class VespoGRPOTrainer(GRPOTrainer):
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._log_metrics(mode, out.metrics, entropies, mask)
+        self._keep_rows(mode, out.rows, entropies, mask)
         return loss
 
     def _policy_logps(self, model: torch.nn.Module, inputs: dict[str, Any]):
@@ -152,17 +156,28 @@ class VespoGRPOTrainer(GRPOTrainer):
             tokens = tokens * accumulation / self.args.steps_per_generation
         return float(tokens)
 
-    def _log_metrics(
-        self, mode: str, metrics: dict[str, torch.Tensor], entropies: torch.Tensor, mask: torch.Tensor
-    ) -> None:
-        """vespo's diagnostics, combined over processes by their names' reduction, and the mean token entropy."""
-        for name, value in metrics.items():
-            gathered = self.accelerator.gather(value.detach().float().reshape(1))
-            reduce = {"max": torch.amax, "min": torch.amin, "sum": torch.nansum, "mean": torch.nanmean}
-            self._metrics[mode][name].append(reduce[metric_reduction(name)](gathered).item())
-        totals = torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()])
-        totals = self.accelerator.reduce(totals, reduction="sum")
-        self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+    def _keep_rows(self, mode: str, rows: dict[str, torch.Tensor], entropies: torch.Tensor,
+                   mask: torch.Tensor) -> None:
+        """Keep the call's rows until its optimizer step is whole (train: the accumulation window; eval: the
+        call), then record the step's metrics, formed from the rows of every process."""
+        entropy = (entropies.detach() * mask).sum(dim=-1).double()  # [B] per-row sums
+        pending = self.__dict__.setdefault("_vespo_pending", {}).setdefault(mode, [])
+        pending.append({**{k: v.detach().cpu() for k, v in rows.items()}, "entropy": entropy.cpu()})
+        if len(pending) < (self.current_gradient_accumulation_steps if mode == "train" else 1):
+            return
+        step = concat_rows(gather_object([concat_rows(pending)]))  # every process's rows of the step
+        pending.clear()
+        metrics = to_floats(summarize(step))
+        metrics["entropy"] = float(step["entropy"].sum() / step["tokens"].sum().clamp(min=1.0))
+        self.__dict__.setdefault("_vespo_steps", {}).setdefault(mode, []).append(metrics)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with vespo's metrics of the steps since the last log combined by their names."""
+        mode = "train" if self.model.training else "eval"
+        steps = self.__dict__.get("_vespo_steps", {}).pop(mode, [])
+        for key, value in reduce_metrics(steps).items():
+            self._metrics[mode][key] = [value]  # one value: TRL's mean over the window is the name's reduction
+        super().log(logs, start_time)
 
 
 def _resolve_config(spec: Any, loss_config: Any, args: GRPOConfig) -> Any:
