@@ -221,3 +221,23 @@ def test_learner_as_its_own_ray_actor(make_cfg, local_ray):
     rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["optim/n_skipped"] == 0.0 for r in rows)
     assert summary["weight_pushes"] >= 3  # the initial push and one every 2 updates, from the actor's store
+
+
+def test_a_reward_error_in_a_worker_is_the_users_one_line_error(make_cfg, local_ray):
+    """A user error raised inside a rollout worker (every reward of a batch failed) reaches the command as
+    itself (one line, exit 2), not as a worker failure with a traceback."""
+    from vespo.rewards import RewardsFailedError
+
+    cfg = _async(make_cfg, "run.steps=2", "staleness.n=2", out="bad_reward")
+
+    def break_rewards(loop):
+        def fail(worker):
+            def reward_fn(completions, problems):
+                raise RewardsFailedError("every reward of a batch of 4 failed: user_rewards:f raised KeyError")
+
+            worker.rollout_scorer.reward_fn = reward_fn
+
+        ray.get([w.__ray_call__.remote(fail) for w in loop.source.workers])
+
+    with pytest.raises(RewardsFailedError, match="every reward of a batch of 4 failed"):
+        train(cfg, on_update=break_rewards)

@@ -146,6 +146,17 @@ def test_resume_is_bit_identical(make_cfg):
     assert summary["policy_version"] == 8
 
 
+def test_resume_refuses_a_config_that_trains_something_else(make_cfg):
+    """A run resumed under another loss (or N, or lr) would silently become another experiment; a longer run
+    (run.steps) is what --resume is for."""
+    from vespo.errors import ResumeError
+
+    train(make_cfg("run.steps=1", out="r"))
+    with pytest.raises(ResumeError, match=r"loss.name: 'vespo' -> 'gspo'.*staleness.n: 2 -> 4"):
+        train(make_cfg("run.steps=2", "loss.name=gspo", "staleness.n=4", out="r"), resume=True)
+    assert train(make_cfg("run.steps=2", out="r"), resume=True)["steps_done"] == 2
+
+
 def test_a_finished_run_directory_is_not_overwritten(make_cfg):
     cfg = make_cfg("run.steps=1")
     train(cfg)

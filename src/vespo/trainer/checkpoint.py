@@ -193,6 +193,40 @@ def load_checkpoint(path: str | Path, module: torch.nn.Module, optimizer: torch.
     return state
 
 
+# fields a resumed run may change: how long it runs and how it reports, where it runs, not what it trains
+RESUMABLE_CHANGES = ("run.steps", "run.updates", "run.progress", "run.threads", "run.loggers", "run.checkpoint_every",
+                     "run.eval_every", "run.log_samples_every", "run.samples_per_log", "run.save_policy_every",
+                     "run.max_nonfinite_steps", "model.device", "rollout.device", "warmstart.cache_dir",
+                     "async.ray_address", "async.stall_timeout_s", "async.max_restarts", "async.workers",
+                     "async.learner_num_cpus", "async.learner_num_gpus")
+
+
+def check_resume_config(path: str | Path, config: dict) -> None:
+    """Refuse to resume the checkpoint at ``path`` under a config that trains something else than its run."""
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        return
+    saved = _flat(json.loads(file.read_text()))
+    now = _flat(json.loads(json.dumps(config, default=str)))
+    changed = sorted(k for k in saved.keys() | now.keys()
+                     if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if changed:
+        shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+        raise ResumeError(f"--resume with another config than the run's ({shown}{'; ...' if len(changed) > 4 else ''}):"
+                          f" resume with its config ({Path(path).parent.parent / 'config.yaml'}), changing only how "
+                          "long it runs and how it reports")
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in ("options",):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def policy_weights(path: str | Path, model: torch.nn.Module) -> None:
     """Load a run checkpoint's weights (a learner's LogprobModule: ``policy.*``) into a plain policy ``model``
     in place, in one process."""

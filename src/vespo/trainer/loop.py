@@ -37,7 +37,7 @@ from vespo.config import Config, check_world, to_dict
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
-from vespo.trainer.checkpoint import latest_checkpoint
+from vespo.trainer.checkpoint import check_resume_config, latest_checkpoint
 from vespo.trainer.distributed import Dist
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
@@ -284,6 +284,7 @@ class Loop:
             self._say(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
                       "starting the run from the beginning")
             return 0
+        check_resume_config(path, to_dict(self.cfg))
         state = self.learner.load_checkpoint(path)
         self.source.load_state_dict(state["source"])
         updates = int(state["updates"])

@@ -36,6 +36,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from vespo.buffer import StalenessBound, TicketQueue
 from vespo.config import AsyncConfig, to_dict
+from vespo.errors import UserError
 from vespo.data import PromptStream
 from vespo.rollout.base import SamplingParams
 from vespo.trainer.producer import PromptBatch, PromptSampler
@@ -234,6 +235,8 @@ class RaySource:
             self.restart(ticket, e)
             return
         except RayTaskError as e:
+            if isinstance(e.cause, UserError):  # e.g. a reward function that cannot be used: the user's one line
+                raise e.cause from None
             raise WorkerError(f"rollout worker {ticket.worker} failed on ticket {ticket.index}: {e}") from e
         self.queue.put(index, (batch, rows, perf))
 
