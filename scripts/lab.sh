@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole lab in one command: every sweep of docs/lab.md's budget table in order of importance,
+# then the results page. Resumable: run it again and finished runs are skipped, interrupted ones
+# resume from their checkpoints (vespo sweep). About 8 hours on 2 cores.
+#
+# Usage: bash scripts/lab.sh [SWEEP ...]     (default: all, in the order below; the venv active)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${LAB_OUT:-runs/lab}
+SWEEPS=("$@")
+[ ${#SWEEPS[@]} -gt 0 ] || SWEEPS=(staleness async lr_range endpoint mismatch mismatch_dense length_norm asymmetry lr_range_async)
+jobs_of() { case "$1" in async|lr_range_async) echo 1 ;; *) echo 2 ;; esac; }
+status=0
+for sweep in "${SWEEPS[@]}"; do
+  echo "== $(date -u +%FT%TZ) $sweep"
+  vespo sweep "configs/lab/$sweep.yaml" --out "$OUT/$sweep" --jobs "$(jobs_of "$sweep")" || status=1
+done
+echo "== $(date -u +%FT%TZ) results page"
+dirs=()
+for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense; do
+  [ -f "$OUT/$sweep/sweep.json" ] && dirs+=("$OUT/$sweep")
+done
+vespo report "${dirs[@]}" --claims configs/lab/claims.yaml --page docs/results.md || status=1
+exit $status
