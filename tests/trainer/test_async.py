@@ -170,6 +170,9 @@ def test_async_run_with_a_two_rank_learner_learns_survives_a_killed_worker_and_k
     assert [r["step"] for r in rows] == list(range(1, 61)) and rows[0]["dist/world_size"] == 2.0
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
+    after, before = summary["eval_after"], summary["eval_before"]
+    print(f"LEARNING first={first:.4f} last={last:.4f} heldout_before={before['reward_greedy'] + before['reward_sampled']:.4f}"
+          f" heldout_after={after['reward_greedy'] + after['reward_sampled']:.4f}")  # read by bench/flakes.py
     # async timing makes the version mix (and so the numbers) vary from run to run. Measured over 40
     # steps: training reward 0.28-0.32 (first 8) -> 0.36-0.38 (last 8), held-out greedy 0.53-0.56 ->
     # 0.59-0.67; over 60 steps the training-reward rise is the steadier signal, so it carries the claim

@@ -290,6 +290,35 @@ def test_sync_runs_replay_the_engines_routing_only_with_r3(make_cfg):
     assert rows["r3"]["mismatch/log_ppl_rollout"] == rows["none"]["mismatch/log_ppl_rollout"]  # the same samples
     assert rows["r3"]["mismatch/log_ppl_train"] != rows["none"]["mismatch/log_ppl_train"]  # replay changed the pass
     assert rows["r3"]["mismatch/abs_diff_max"] > 0.0
+    assert rows["r3"]["router/replayed_frac"] == 1.0 and "router/replayed_frac" not in rows["none"]
+
+
+FAMILIES = ["qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "olmoe", "flex_olmo", "mixtral", "gpt_oss",
+            "deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_family_logs_a_replayed_fraction_of_one(tok, arch):
+    """router/replayed_frac in the update's metrics: 1.0 with r2 and r3 on every supported MoE family (every
+    routed position of the training forwards was forced), absent without replay; a silent no-op would read 0."""
+    model = tiny_model(arch, "nano", tokenizer=tok, seed=1)
+    batch = batch_of(sample(model, tok, prompts=PROMPTS[:4], max_new_tokens=4))
+    for replay in ("r2", "r3", "none"):
+        learner = learner_for(model, replay, micro_batch_size=2, share=None)
+        learner.prepare([item(batch)])
+        metrics = learner.update(item(batch)).metrics
+        if replay == "none":
+            assert "router/replayed_frac" not in metrics
+        else:
+            assert metrics["router/replayed_frac"] == 1.0, (arch, replay)
+
+
+def test_a_dense_model_logs_no_replayed_fraction(tok):
+    dense = tiny_model("qwen3", "nano", tokenizer=tok, seed=0)
+    batch = batch_of(sample(dense, tok, prompts=PROMPTS[:4], max_new_tokens=4))
+    learner = learner_for(dense, "r3")
+    learner.prepare([item(batch)])
+    assert "router/replayed_frac" not in learner.update(item(batch)).metrics
 
 
 def test_config_names_the_replay_choices():
