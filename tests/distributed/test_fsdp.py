@@ -155,6 +155,16 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes_learns_and_resumes_bit_
     assert comparable(again) == comparable(rows)
 
 
+def test_a_rank_count_that_does_not_divide_the_batch_is_a_one_line_config_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vespo.cli", "train", "--nproc", "3",
+                           *small_run(tmp_path / "bad", "run.steps=1")], env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "3 processes must divide the 8 prompts of a mini-batch" in lines[0], proc.stderr
+    assert not (tmp_path / "bad").exists()  # refused before anything started
+
+
 def comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
