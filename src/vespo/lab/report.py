@@ -52,6 +52,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--page", help="write the results page (markdown) over all the sweeps")
     p.add_argument("--claims", help="claims file for the page's claims table (configs/lab/claims.yaml)")
     args = p.parse_args(argv)
+    files = [d for d in args.sweep_dirs if Path(d).is_file()]  # a glob such as runs/lab/* also matches logs
+    if files and len(files) < len(args.sweep_dirs):
+        print(f"vespo report: skipping {len(files)} file(s) that are not sweep directories: {', '.join(files)}",
+              file=sys.stderr)
+        args.sweep_dirs = [d for d in args.sweep_dirs if d not in files]
     if len(args.sweep_dirs) > 1 and not args.page:
         p.error("several sweep directories need --page (one report per sweep goes beside the page)")
     if args.claims and not args.page:
