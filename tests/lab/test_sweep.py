@@ -213,3 +213,12 @@ def test_a_sweep_on_ray_runs_its_runs_as_tasks_side_by_side_and_resumes(tmp_path
     assert sweep.main(argv) == 0  # resumes: both skipped
     assert all(json.loads((out / name / "lab.json").read_text())["started"] == lab["started"]
                for name, lab in zip(NAMES[2:], labs))
+
+
+def test_report_skips_plain_files_a_glob_matched(quick_sweep, tmp_path, capsys):
+    out, _ = quick_sweep
+    log = out.parent / "driver.log"
+    log.write_text("a sweep driver's log beside the sweep directories\n")
+    assert report.main([str(out), str(log), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").is_file()
+    assert "skipping 1 file(s) that are not sweep directories" in capsys.readouterr().err
