@@ -6,7 +6,8 @@
 Each repeat is a fresh `pytest` process running one test. A test that prints a line starting with
 LEARNING (key=value pairs) has those values collected, so the margin of its assertion can be set
 from their measured spread. Prints, per test: passes / repeats, the load average during the runs,
-and for each collected value its mean, standard deviation, minimum and maximum.
+and for each collected value its mean, standard deviation, minimum and maximum. The output of a
+failing run is appended to $FLAKES_LOG (default flakes_failures.log).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 
+FAILURES = os.environ.get("FLAKES_LOG", "flakes_failures.log")  # where a failing run's output is kept
 TESTS = {
     "sync": "tests/trainer/test_learning.py::test_vespo_raises_reward_on_addition",
     "async": "tests/trainer/test_async.py::"
@@ -35,6 +37,9 @@ def run_once(node: str) -> tuple[bool, dict[str, float], float]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", node],
                           capture_output=True, text=True, env=env)
+    if proc.returncode != 0:  # the failure's own words, for the record
+        with open(FAILURES, "a") as f:
+            f.write(f"==== {node} (exit {proc.returncode})\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}\n")
     values = {}
     for line in proc.stdout.splitlines():
         if line.startswith("LEARNING"):

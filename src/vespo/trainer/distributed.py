@@ -149,8 +149,13 @@ def local_device(device: torch.device) -> torch.device:
 
 
 def shutdown(dist: Dist) -> None:
+    """Leave the process group once every rank is done with it (tearing it down while another rank is
+    still in a collective aborts that rank)."""
     if dist.active and torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+        try:
+            torch_dist.barrier()
+        finally:
+            torch_dist.destroy_process_group()
 
 
 def shard_policy(module: nn.Module, dist: Dist, device: torch.device, bf16: bool = False) -> nn.Module:
