@@ -148,12 +148,14 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
-def shutdown(dist: Dist) -> None:
-    """Leave the process group once every rank is done with it (tearing it down while another rank is
-    still in a collective aborts that rank)."""
+def shutdown(dist: Dist, clean: bool = True) -> None:
+    """Leave the process group; after a clean finish, once every rank is done with it (tearing it down while
+    another rank is still in a collective aborts that rank). After an error the rank just leaves: the others
+    are stopped by the launcher, not waited for."""
     if dist.active and torch_dist.is_initialized():
         try:
-            torch_dist.barrier()
+            if clean:
+                torch_dist.barrier()
         finally:
             torch_dist.destroy_process_group()
 

@@ -62,7 +62,7 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         check_new_run_dir(cfg)  # before the model is built and warm-started
     check_world(cfg, dist.world)
     with ExitStack() as stack:
-        stack.callback(shutdown, dist)
+        stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
         if cfg.run.mode == "async":
             from vespo.trainer.ray_source import ray_session
