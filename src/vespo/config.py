@@ -367,6 +367,15 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def check_launch(cfg: Config, ranks: int) -> None:
+    """What a torchrun job of ``ranks`` processes can run: sync mode (async mode shards its learner over Ray
+    actors, async.learner_workers), and a batch that splits evenly over the ranks."""
+    if cfg.run.mode == "async":
+        raise ConfigError("--nproc shards a sync run's learner; in async mode shard it over Ray actors with "
+                          "async.learner=actor async.learner_workers=P (docs/distributed.md)")
+    check_world(cfg, ranks)
+
+
 def check_world(cfg: Config, ranks: int) -> None:
     """The batch splits evenly over ``ranks`` learner processes (``vespo train --nproc``): each rank takes
     whole prompt groups of every mini-batch, in whole micro-batches."""

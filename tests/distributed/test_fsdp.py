@@ -119,6 +119,9 @@ def small_run(out: Path, *extra: str) -> list[str]:
 def vespo_train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "vespo.cli", "train", *args], env=ENV, capture_output=True,
                           text=True, timeout=timeout)
+    out_dir = next(a.split("=", 1)[1] for a in args if a.startswith("run.out_dir="))
+    with open(Path(out_dir).parent / "train.stderr", "a") as f:  # the whole of it, for a failure's record
+        f.write(proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -163,6 +166,10 @@ def test_a_rank_count_that_does_not_divide_the_batch_is_a_one_line_config_error(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "3 processes must divide the 8 prompts of a mini-batch" in lines[0], proc.stderr
     assert not (tmp_path / "bad").exists()  # refused before anything started
+    proc = subprocess.run([sys.executable, "-m", "vespo.cli", "train", "--nproc", "2", "--mode", "async",
+                           *small_run(tmp_path / "bad", "run.steps=1")], env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "async.learner_workers" in proc.stderr, proc.stderr
 
 
 def comparable(rows: list[dict]) -> list[dict]:
