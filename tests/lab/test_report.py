@@ -151,33 +151,3 @@ def test_several_sweeps_need_a_page(tmp_path):
         report.main([str(tmp_path / "a"), str(tmp_path / "b")])
 
 
-def test_the_lab_modules_import_no_cycle():
-    """page imports the tables the report prints and report imports page, never the other way round:
-    the lab's import graph (every `import`, also inside functions) has no cycle."""
-    import ast
-    from pathlib import Path
-
-    lab = Path(report.__file__).parent
-    graph = {}
-    for f in lab.glob("*.py"):
-        names = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vespo.lab"):
-                names |= {node.module} | {f"vespo.lab.{a.name}" for a in node.names if node.module == "vespo.lab"}
-            elif isinstance(node, ast.Import):
-                names |= {a.name for a in node.names if a.name.startswith("vespo.lab.")}
-        graph[f"vespo.lab.{f.stem}"] = {n for n in names if n != "vespo.lab"}
-    state = {}
-
-    def visit(node, path):
-        assert state.get(node) != "open", " -> ".join(path + [node])
-        if state.get(node) == "done":
-            return
-        state[node] = "open"
-        for nxt in graph.get(node, ()):
-            visit(nxt, path + [node])
-        state[node] = "done"
-
-    for node in graph:
-        visit(node, [])
-    assert "vespo.lab.report" not in graph["vespo.lab.page"] and "vespo.lab.page" in graph["vespo.lab.report"]

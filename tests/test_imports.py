@@ -1,0 +1,65 @@
+"""The import graph of src/vespo (every `import`, also inside functions): no cycle, and no arrow back up
+from a stage to the code that drives it (the core never imports the trainer, the lab, the integrations or
+the command line; the trainer never imports the lab, the integrations or the command line)."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CORE = ("vespo.types", "vespo.errors", "vespo.charset", "vespo.config", "vespo.losses", "vespo.models",
+        "vespo.rollout", "vespo.tasks", "vespo.rewards", "vespo.data", "vespo.metrics", "vespo.advantages",
+        "vespo.buffer", "vespo.evaluation", "vespo.kernels", "vespo.plot")
+ABOVE_CORE = ("vespo.trainer", "vespo.lab", "vespo.integrations", "vespo.cli", "vespo.eval_cli")
+ABOVE_TRAINER = ("vespo.lab", "vespo.integrations", "vespo.cli", "vespo.eval_cli")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the vespo modules it imports (a package import counts as its __init__)."""
+    files = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                base = node.module
+                targets.add(base)
+                targets |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_import_graph_has_no_cycle():
+    graph, state, cycles = import_graph(), {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == "open":
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if state.get(node) == "done":
+            return
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        visit(node, [])
+    assert len(graph) > 80 and cycles == [], cycles
+
+
+def test_no_import_runs_back_up_a_layer():
+    graph = import_graph()
+    up = [(a, b) for a, targets in graph.items() for b in targets
+          if (under(a, CORE) and under(b, ABOVE_CORE)) or (under(a, ("vespo.trainer",)) and under(b, ABOVE_TRAINER))]
+    assert up == []
