@@ -78,6 +78,9 @@ def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| grpo | 1 | 1 |" in md and "Paired differences against loss = vespo" in md
     assert (tmp_path / "rep" / "headline.png").read_bytes()[:4] == b"\x89PNG"
+    # the archive beside the report holds every metric the report reads of these real runs
+    assert report.main([str(tmp_path / "rep" / "runs.json.gz"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "report.md").read_text() == md
     claims = tmp_path / "claims.yaml"
     claims.write_text(yaml.safe_dump({"claims": [
         {"paper": "VESPO above GRPO at N = 4", "sweep": "quick", "expect": "report",

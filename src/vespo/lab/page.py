@@ -2,7 +2,8 @@
 
     vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
 
-writes every sweep's report (tables and figures) into results/<sweep name>/ beside the page,
+writes every sweep's report (tables and figures) and its archive (runs.json.gz, which a later
+`vespo report` reads in place of the sweep directory) into results/<sweep name>/ beside the page,
 removing files there that it no longer makes, and the page itself: the recommendation
 (vespo.lab.recommend), how numbers are judged (the interval with its simulated coverage, the
 collapse rule with its simulated false-positive rate, where it fired and which flagged runs look
@@ -24,7 +25,7 @@ from vespo.lab import collapse, simulate, stats
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import planned
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.results import RunResult, conditions, group, read_sweep
+from vespo.lab.results import ARCHIVE, RunResult, conditions, group, read_sweep, write_archive
 from vespo.lab.tables import row, sweep_markdown, sweep_tables
 
 SIM_RUNS = 500  # simulated runs per scenario for the collapse rule's rates ...
@@ -71,12 +72,13 @@ def write_page(sweep_dirs: list[Path], page: Path, claims_path: Path | None, out
 
 
 def write_sweep(record: dict, results: list[RunResult], out: Path) -> list[Path]:
-    """A sweep's figures and report.md in ``out``; files there that this did not write are removed."""
+    """A sweep's figures, report.md and archive (runs.json.gz) in ``out``; files there that this did not
+    write are removed."""
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(record, results, out)
     report = out / "report.md"
     report.write_text(sweep_markdown(record, results, figures))
-    made = {report, *figures}
+    made = {report, write_archive(record, results, out / ARCHIVE), *figures}
     for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
         stale.unlink()
     return figures

@@ -4,6 +4,8 @@
     vespo report runs/staleness --out DIR --panel loss --curve N
     vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
                                                           -> docs/results/<sweep>/ + the page
+    vespo report docs/results/staleness runs/lab/async ... --page docs/results.md
+                                                          (a committed archive in place of a sweep directory)
 
 A sweep's report.md holds, per condition (grid point without its seed), the mean over seeds with
 its interval of the held-out accuracy after training (sampled and greedy), of the training reward
@@ -12,7 +14,9 @@ reward, the collapse count and diagnostics; each condition's paired difference a
 reference (VESPO by default) seed by seed; with an lr axis, the stable learning-rate range and the
 collapse rate per lr; then one row per run (vespo.lab.tables). Figures (vespo.lab.figures):
 reward.png, kl.png, grad_norm.png (curves against optimizer steps), headline.png when the grid has
-loss and N axes, lr.png when it has an lr axis. What "final" means: vespo.lab.results. With --page,
+loss and N axes, lr.png when it has an lr axis. Beside them runs.json.gz, the sweep's archive: what
+the report reads of every run (vespo.lab.results), so that it can be regenerated without the run
+directories. What "final" means: vespo.lab.results. With --page,
 every sweep's report goes to results/<name>/ beside the page, and the page gets the recommendation,
 the claims table and the rest (vespo.lab.page).
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from vespo.lab.figures import write_figures
 from vespo.lab.page import write_page
-from vespo.lab.results import read_sweep
+from vespo.lab.results import ARCHIVE, read_sweep, write_archive
 from vespo.lab.tables import sweep_markdown
 
 
@@ -36,6 +40,7 @@ def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: st
     figures = write_figures(record, results, out, panel, curve)
     path = out / "report.md"
     path.write_text(sweep_markdown(record, results, figures))
+    write_archive(record, results, out / ARCHIVE)
     return path
 
 
@@ -44,7 +49,9 @@ def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: st
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vespo report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directories written by `vespo sweep`")
+    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
+                   help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a report folder "
+                        "holding one)")
     p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with --page: "
                                  "results/ beside the page, one folder per sweep)")
     p.add_argument("--panel", help="grid axis with one panel per value (default: loss)")
@@ -52,7 +59,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--page", help="write the results page (markdown) over all the sweeps")
     p.add_argument("--claims", help="claims file for the page's claims table (configs/lab/claims.yaml)")
     args = p.parse_args(argv)
-    files = [d for d in args.sweep_dirs if Path(d).is_file()]  # a glob such as runs/lab/* also matches logs
+    # a glob such as runs/lab/* also matches logs
+    files = [d for d in args.sweep_dirs if Path(d).is_file() and not d.endswith(ARCHIVE)]
     if files and len(files) < len(args.sweep_dirs):
         print(f"vespo report: skipping {len(files)} file(s) that are not sweep directories: {', '.join(files)}",
               file=sys.stderr)

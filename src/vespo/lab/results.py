@@ -20,10 +20,17 @@ every N), first reaches TARGET_REWARD; nan for a run that never does.
 A run the trainer stopped for non-finite updates has no evaluation; it counts as reward 0 (its
 policy is broken). A run that failed otherwise, or has not finished, is left out of the statistics
 and listed as such.
+
+A sweep's **archive** (runs.json.gz, which `vespo report --page` writes beside each sweep's report)
+holds what the lab reads of every run: lab.json, config.yaml, summary.json, eval_before.json and
+the ARCHIVED metrics of each logged row, plus sweep.json and sessions.jsonl. Run directories hold
+checkpoints and are not committed; the archive is, so the page can be regenerated from it later
+(`vespo report docs/results/staleness ...`) and sweeps run in different sessions combined.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -35,6 +42,14 @@ from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS
 from vespo.metrics import read_jsonl
 from vespo.plot import Run, load_run
+
+ARCHIVE = "runs.json.gz"
+ARCHIVE_FORMAT = 1
+ARCHIVED = ("step", "reward/mean", "kl/k3", "mismatch/k3", "is/ess", "is/log_w_min", "is/log_w_max",
+            "optim/grad_norm", "optim/grad_norm_max", "optim/n_skipped", "perf/step_s",
+            "rollout/eos_rate", "rollout/response_len", "policy/version", "staleness/lag_mean")
+# ... and every held-out evaluation logged during training (keys starting with this)
+ARCHIVED_PREFIX = "eval/"
 
 LAST_SHARE = 0.25  # train_last: the last quarter of the optimizer steps
 TARGET_REWARD = 0.6  # time to accuracy: the training reward to reach
@@ -69,6 +84,8 @@ class RunResult:
     collapse: Collapse
     stats: dict[str, float] = field(default_factory=dict)  # METRICS of this run ({} if none)
     config: dict = field(default_factory=dict)  # the run's resolved config.yaml ({} if absent)
+    lab: dict = field(default_factory=dict)  # its lab.json (labels, overrides, exit status)
+    eval_before: dict = field(default_factory=dict)  # its eval_before.json ({} if absent)
 
     @property
     def usable(self) -> bool:
@@ -83,20 +100,28 @@ class RunResult:
 # ---------------------------------------------------------------- reading
 
 
-def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[RunResult]]:
-    """sweep.json (plus its sessions) and one RunResult per run directory, in grid order."""
-    sweep_dir = Path(sweep_dir)
-    record_path = sweep_dir / "sweep.json"
-    if not record_path.is_file():
-        raise FileNotFoundError(f"{sweep_dir} is not a sweep directory: no sweep.json (run `vespo sweep` first)")
-    record = json.loads(record_path.read_text())
-    record["dir"] = str(sweep_dir)
-    record["sessions"] = read_sessions(sweep_dir)
-    results = [read_run(d) for d in sorted(sweep_dir.iterdir()) if (d / "lab.json").is_file()]
+def read_sweep(path: str | Path) -> tuple[dict, list[RunResult]]:
+    """A sweep's record (sweep.json plus its sessions) and one RunResult per run, in grid order, from a
+    sweep directory or from its archive (a runs.json.gz file, or a report folder holding one)."""
+    path = Path(path)
+    if not (path / "sweep.json").is_file():
+        archive = path if path.is_file() else path / ARCHIVE
+        if archive.is_file():
+            return read_archive(archive)
+        raise FileNotFoundError(f"{path} is not a sweep directory: no sweep.json (run `vespo sweep` first) and "
+                                f"no {ARCHIVE} archive")
+    record = json.loads((path / "sweep.json").read_text())
+    record["dir"] = str(path)
+    record["sessions"] = read_sessions(path)
+    results = [read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()]
+    return record, _in_grid_order(record, results, path)
+
+
+def _in_grid_order(record: dict, results: list[RunResult], where: Path) -> list[RunResult]:
     if not results:
-        raise FileNotFoundError(f"{sweep_dir}: no run directories yet")
+        raise FileNotFoundError(f"{where}: no run directories yet")
     axes = [a["label"] for a in record["axes"]]
-    return record, sorted(results, key=lambda r: order(record, axes, tuple(r.labels.get(a) for a in axes)))
+    return sorted(results, key=lambda r: order(record, axes, tuple(r.labels.get(a) for a in axes)))
 
 
 def read_sessions(sweep_dir: Path) -> list[dict]:
@@ -110,15 +135,61 @@ def read_run(run_dir: Path) -> RunResult:
         raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
     run = load_run(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
     config = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}) if (run_dir / "config.yaml").is_file() else {}
+    return run_result(run_dir.name, lab, run, config, _eval_before(run_dir))
+
+
+def run_result(name: str, lab: dict, run: Run | None, config: dict, eval_before: dict) -> RunResult:
+    """A run's result from what its directory (or the sweep's archive) holds."""
     stopped = bool(lab.get("stopped_nonfinite"))
     status = _status(lab, run)
     if run is None or not run.rows:
         collapse = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
         stats = _dead_run_stats() if stopped else {}
-        return RunResult(run_dir.name, lab["labels"], status, None, collapse, stats, config)
-    before = (run.summary.get("eval_before") or _eval_before(run_dir)).get("reward_sampled")
+        return RunResult(name, lab["labels"], status, None, collapse, stats, config, lab, eval_before)
+    before = (run.summary.get("eval_before") or eval_before).get("reward_sampled")
     collapse = collapse_of_rows(run.rows, run.updates_per_step, before, stopped)
-    return RunResult(run_dir.name, lab["labels"], status, run, collapse, run_stats(run, collapse), config)
+    return RunResult(name, lab["labels"], status, run, collapse, run_stats(run, collapse), config, lab, eval_before)
+
+
+# ---------------------------------------------------------------- the archive
+
+
+def write_archive(record: dict, results: list[RunResult], path: Path) -> Path:
+    """The sweep's archive at ``path`` (gzip'd JSON, written with a fixed mtime so that the same runs give
+    the same bytes)."""
+    keep = set(ARCHIVED)
+    runs = [{"name": r.name, "lab": r.lab, "config": r.config,
+             "summary": r.run.summary if r.run is not None else None,
+             "eval_before": r.eval_before,
+             "rows": None if r.run is None else [{k: v for k, v in row.items()
+                                                  if k in keep or k.startswith(ARCHIVED_PREFIX)} for row in r.run.rows]}
+            for r in results]
+    body = {"format": ARCHIVE_FORMAT, "record": {k: v for k, v in record.items() if k != "dir"}, "runs": runs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(body, separators=(",", ":"), allow_nan=True).encode()
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        f.write(data)
+    return path
+
+
+def read_archive(path: Path) -> tuple[dict, list[RunResult]]:
+    try:
+        body = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not a sweep archive ({ARCHIVE}): {e}") from None
+    if not isinstance(body, dict) or body.get("format") != ARCHIVE_FORMAT:
+        raise ValueError(f"{path}: unknown archive format {body.get('format') if isinstance(body, dict) else None!r} "
+                         f"(this vespo reads format {ARCHIVE_FORMAT})")
+    record = {**body["record"], "dir": str(path)}
+    results = []
+    for i, item in enumerate(body["runs"]):
+        missing = [k for k in ("name", "lab", "config", "summary", "eval_before", "rows") if k not in item]
+        if missing or "labels" not in (item.get("lab") or {}):
+            raise ValueError(f"{path}: run {i + 1} lacks {missing or ['lab.labels']}")
+        rows = item["rows"]
+        run = None if rows is None else Run(path / item["name"], rows, item["summary"] or {}, item["config"])
+        results.append(run_result(item["name"], item["lab"], run, item["config"], item["eval_before"]))
+    return record, _in_grid_order(record, results, path)
 
 
 def _eval_before(run_dir: Path) -> dict:
