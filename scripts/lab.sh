@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole lab in one command: every sweep of docs/lab.md's budget table in order of importance,
 # then the results page. Resumable: run it again and finished runs are skipped, interrupted ones
-# resume from their checkpoints (vespo sweep). About 8 hours on 2 cores.
+# resume from their checkpoints (vespo sweep). About 8 hours on 2 cores. A sweep whose run
+# directories this machine lacks enters the page from its committed archive (docs/results/<sweep>/
+# runs.json.gz), so sessions on different machines add up to one page.
 #
 # Usage: bash scripts/lab.sh [SWEEP ...]     (default: all, in the order below; the venv active)
 set -uo pipefail
@@ -18,7 +20,10 @@ done
 echo "== $(date -u +%FT%TZ) results page"
 dirs=()
 for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense; do
-  [ -f "$OUT/$sweep/sweep.json" ] && dirs+=("$OUT/$sweep")
+  # the run directories when this machine has them, else the archive an earlier session committed
+  if [ -f "$OUT/$sweep/sweep.json" ]; then dirs+=("$OUT/$sweep")
+  elif [ -f "docs/results/$sweep/runs.json.gz" ]; then dirs+=("docs/results/$sweep/runs.json.gz")
+  fi
 done
 vespo report "${dirs[@]}" --claims configs/lab/claims.yaml --page docs/results.md || status=1
 exit $status
