@@ -4,7 +4,8 @@ checkout (before the trainer became one loop fed by a sample source: ``vespo.tra
 
     s = stepper(cfg)                  # builds the run (this code: run, learner, LocalSource, Loop)
     tokens = s.step(k)                # rollout step k: rollout, rewards, μ, N updates; completion tokens
-    s.engine, s.producer, s.learner   # the parts a profiler wraps
+    s.engine, s.producer, s.learner   # the parts a profiler wraps (producer: the scorer of rewards and
+                                      # advantages; an older checkout's RolloutProducer)
 """
 
 from __future__ import annotations
@@ -40,11 +41,21 @@ def stepper(cfg) -> Stepper:
     source = LocalSource(run, learner)
     loop = Loop(run, learner, source)
     source.start(0)
+    if hasattr(source, "producer"):  # an older checkout: train_one() returns (item, metrics)
+
+        def step(k: int) -> float:
+            return sum(loop.train_one()[1].get("rollout/n_tokens", 0.0) for _ in range(loop.n))
+
+        return Stepper(source.engine, source.producer, learner, step)
+    from vespo.trainer.loop import StepWindow  # this code: a step's updates fill a window
 
     def step(k: int) -> float:
-        return sum(loop.train_one()[1].get("rollout/n_tokens", 0.0) for _ in range(loop.n))
+        window = StepWindow()
+        for _ in range(loop.n):
+            loop.train_one(window)
+        return window.metrics(source.max_lag).get("rollout/n_tokens", 0.0)
 
-    return Stepper(source.engine, source.producer, learner, step)
+    return Stepper(source.engine, source.scorer, learner, step)
 
 
 def build_only(cfg) -> None:
