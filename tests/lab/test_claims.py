@@ -78,8 +78,11 @@ def test_collapse_rules(tmp_path, synthetic):
                for loss, expect in [("sapo", "most"), ("gspo", "most"), ("vespo", "most"), ("gspo", "some"),
                                     ("vespo", "some"), ("vespo", "none"), ("gspo", "none")]]
     verdicts = cl.evaluate(_claims(tmp_path, entries), sweeps)
-    assert [v.verdict for v in verdicts] == ["agrees", "partly", "disagrees", "agrees", "not resolved", "agrees",
+    # vespo "most" with 0 of 4 collapsed: the exact interval [0, 0.53] still reaches one half
+    assert [v.verdict for v in verdicts] == ["agrees", "partly", "too few seeds", "agrees", "not resolved", "agrees",
                                              "disagrees"]
+    # from 5 runs on, none collapsing puts the rate below one half (0/5: [0, 0.45]): "most" disagrees
+    assert [cl.collapse_verdict(0, n, "most") for n in (1, 4, 5, 10)] == ["too few seeds"] * 2 + ["disagrees"] * 2
     # 3 of 4: the exact 90% interval is [beta.ppf(0.05, 3, 2), beta.ppf(0.95, 4, 1)] = [0.249, 0.987]
     assert verdicts[0].measured == "3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]"
     assert verdicts[5].measured.endswith("control (st loss=sapo): 3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]")

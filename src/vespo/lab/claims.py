@@ -39,8 +39,9 @@ same seed = same warm start and prompt order). `rules_text()` writes them out in
     at_least m       interval above m agrees; below m disagrees
     increasing /     the per-seed least-squares slope of (a - b), or of a, against log2 of the `over`
     decreasing       axis: its interval above / below 0 agrees, on the other side disagrees
-    most / some /    collapsed runs (vespo.lab.collapse): most = at least half, some = at least one
-    none             (none collapsing leaves "can collapse" not resolved), none = zero, and only
+    most / some /    collapsed runs (vespo.lab.collapse): most = at least half (none of fewer than 5
+    none             runs is "too few seeds": the rate's interval still reaches one half), some = at
+                     least one (none collapsing leaves "can collapse" not resolved), none = zero, and only
                      beside a `control` where the rule fired; without one it is not resolved
     widest           the condition's stable lr range (vespo.lab.lr_range) is at least as wide as
                      every other's; a grid with runs still to finish decides nothing
@@ -514,6 +515,8 @@ def collapse_verdict(dead: int, runs: int, expect: str) -> str:
         return AGREES if dead == 0 else DISAGREES
     if expect == "some":  # "can collapse": none in these runs does not show it, nor refute it
         return AGREES if dead else UNRESOLVED
+    if dead == 0 and rate_ci(0, runs).high >= 0.5:  # too few runs: none collapsing cannot rule out "most"
+        return TOO_FEW
     return AGREES if 2 * dead >= runs else DISAGREES if dead == 0 else PARTLY
 
 
@@ -595,8 +598,9 @@ def rules_text() -> str:
         "least m\" (matches or beats, m < 0) agrees when the interval lies above m. A claim across N is judged at "
         "each N it names, or as a trend: the least-squares slope per doubling of N of each seed's values, with its "
         f"{level} interval over seeds. Collapse claims count collapsed runs (most: at least half; some: at least one, "
-        "and none collapsing leaves \"can collapse\" not resolved; none: zero, and only beside a control setting "
-        "where the rule fired); the lr-range claim compares the widest learning-rate interval with no collapsed run. "
+        "and none collapsing leaves \"can collapse\" not resolved; most with none collapsing is \"too few seeds\" "
+        "until the rate's interval lies below one half, from 5 runs on; none: zero, and only beside a control "
+        "setting where the rule fired); the lr-range claim compares the widest learning-rate interval with no collapsed run. "
         f"A claim made of several comparisons agrees only if all of them do. Fewer than {MIN_SEEDS} common seeds: "
         f"\"too few seeds\". Robustness, against the line a claim draws (0, or its margin): *{ROBUST}* = the "
         f"interval lies on one side of it and so do at least {ROBUST_SHARE:.0%} of at least {ROBUST_SEEDS} seeds, each "
