@@ -5,6 +5,7 @@ sweeps from a directory and from an archive combine on one page; a bad archive i
 import gzip
 import json
 import shutil
+from pathlib import Path
 
 import yaml
 
@@ -117,3 +118,13 @@ def test_a_bad_archive_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no sweep.json" in err and f"no {ARCHIVE} archive" in err
 
+
+
+def test_the_committed_archives_read():
+    """Every archive committed under docs/results reads back (the page can be regenerated from it)."""
+    archives = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob(f"*/{ARCHIVE}"))
+    assert archives
+    for archive in archives:
+        record, results = read_sweep(archive)
+        assert results and record["name"] == archive.parent.name
+        assert all(r.status in ("done", "failed", "interrupted", "unfinished") for r in results)
