@@ -5,9 +5,10 @@ from one sweep file by two checkouts (same grid points, same config), metric by 
     python -m vespo.cli sweep SWEEP.yaml --out /tmp/cells/new --only seed=0 --only N=8
     python bench/same_metrics.py /tmp/cells/old /tmp/cells/new
 
-For each run present in both: whether every metric both log is equal bit for bit on every row, else
-the first logged step where one differs, the largest relative difference on that row, and the
-metrics that differ there; then the final held-out accuracy of each. Rounding differences (another
+For each run present in both: whether the trajectory is the same (training reward, sampled tokens and
+gradient norm equal bit for bit on every row: the same samples and the same updates), how many of
+the metrics both log are equal on every row, the first logged step where one differs and each
+differing metric's largest relative difference over the run; then the final held-out accuracy. Rounding differences (another
 summation order) are expected to grow chaotically over stale updates, so the first differing row
 and its size say more than the final numbers.
 """
@@ -30,24 +31,27 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+TRAJECTORY = ("reward/mean", "rollout/n_tokens", "optim/grad_norm")  # the same samples and updates
+
+
 def compare(old: Path, new: Path) -> dict:
     ra, rb = rows(old), rows(new)
     skip = {k for r in ra + rb for k in r if k.startswith("perf/") or k.startswith("mem/")}  # timings differ
-    first, worst, keys = None, 0.0, []
+    first, worst = None, {}
     for a, b in zip(ra, rb):
-        common = sorted((set(a) & set(b)) - skip)
-        diff = {k: rel(float(a[k]), float(b[k])) for k in common}
-        bad = {k: d for k, d in diff.items() if d > 0}
-        if bad:
-            first, worst = int(a["step"]), max(bad.values())
-            keys = sorted(bad, key=bad.get, reverse=True)[:4]
-            break
+        for k in sorted((set(a) & set(b)) - skip):
+            d = rel(float(a[k]), float(b[k]))
+            if d > 0:
+                worst[k] = max(worst.get(k, 0.0), d)
+                first = int(a["step"]) if first is None else first
+    common = set().union(*(set(a) & set(b) for a, b in zip(ra, rb))) - skip
     summary = {}
     for name, run in (("old", old), ("new", new)):
         path = run / "summary.json"
         after = json.loads(path.read_text()).get("eval_after", {}) if path.is_file() else {}
         summary[name] = after.get("reward_sampled", math.nan)
-    return {"rows": (len(ra), len(rb)), "first_diff_step": first, "rel_diff": worst, "keys": keys,
+    return {"rows": (len(ra), len(rb)), "first_diff_step": first, "differ": worst,
+            "identical": len(common) - len(worst), "trajectory": not any(k in worst for k in TRAJECTORY),
             "held_out": (summary["old"], summary["new"])}
 
 
@@ -58,15 +62,15 @@ def main() -> None:
     args = ap.parse_args()
     names = sorted(d.name for d in args.old.iterdir() if (d / "metrics.jsonl").is_file()
                    and (args.new / d.name / "metrics.jsonl").is_file())
-    print("| run | rows old / new | first step that differs | largest relative difference there | metrics | "
-          "held-out old / new |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| run | rows old / new | same samples and updates | metrics equal on every row | first step that "
+          "differs | metrics that differ (largest relative difference over all rows) | held-out old / new |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         c = compare(args.old / name, args.new / name)
         where = "none (bit for bit)" if c["first_diff_step"] is None else str(c["first_diff_step"])
-        print(f"| {name} | {c['rows'][0]} / {c['rows'][1]} | {where} | {c['rel_diff']:.1e} | "
-              f"{', '.join(c['keys']) or '-'} | {c['held_out'][0]:.3f} / {c['held_out'][1]:.3f} |")
-
+        differ = ", ".join(f"{k} {v:.1e}" for k, v in sorted(c["differ"].items(), key=lambda kv: -kv[1])) or "-"
+        print(f"| {name} | {c['rows'][0]} / {c['rows'][1]} | {'yes' if c['trajectory'] else 'no'} | "
+              f"{c['identical']} | {where} | {differ} | {c['held_out'][0]:.3f} / {c['held_out'][1]:.3f} |")
 
 if __name__ == "__main__":
     main()
