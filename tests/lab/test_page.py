@@ -108,7 +108,7 @@ def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):
     assert report.main([str(st.dir), "--page", str(page)]) == 0
     assert not stale.exists()
     assert sorted(p.name for p in stale.parent.iterdir()) == ["grad_norm.png", "headline.png", "kl.png", "report.md",
-                                                              "reward.png"]
+                                                              "reward.png", "runs.json.gz"]
 
 
 def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):
