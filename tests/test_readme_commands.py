@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 import vespo
-from vespo.config import load_config
+from vespo.config import load_config, to_dict
 from vespo.lab.grid import load_sweep
 from vespo.trainer.cli import default_config_path
 
@@ -338,4 +339,10 @@ def test_train_command_config_loads(command: Command, monkeypatch, tmp_path):
         pytest.skip(f"{command.text}: {reason}")
     monkeypatch.chdir(workspace(tmp_path))
     config, overrides = train_parts(with_stand_ins(command))
-    load_config(config, overrides)
+    resolved = to_dict(load_config(config, overrides))
+    for item in overrides:  # each override reached the config the run would train with
+        key, value = item.split("=", 1)
+        node = resolved
+        for part in key.split("."):
+            node = node[part]
+        assert node == yaml.safe_load(value) or str(node) == value, f"{command.id}: {key} is {node!r}, not {value}"
