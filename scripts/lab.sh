@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole lab in one command: every sweep of docs/lab.md's budget table in order of importance,
 # then the results page. Resumable: run it again and finished runs are skipped, interrupted ones
-# resume from their checkpoints (vespo sweep). About 8 hours on 2 cores. A sweep whose run
-# directories this machine lacks enters the page from its committed archive (docs/results/<sweep>/
-# runs.json.gz), so sessions on different machines add up to one page.
+# resume from their checkpoints (vespo sweep). About 8 hours on 2 cores. Sessions on different
+# machines add up: a sweep with a committed archive (docs/results/<sweep>/runs.json.gz) first gets
+# back the finished runs it holds (vespo sweep --from-archive) and runs only the rest, and a sweep
+# whose run directories this machine lacks enters the page from that archive.
 #
 # Usage: bash scripts/lab.sh [SWEEP ...]     (default: all, in the order below; the venv active)
 set -uo pipefail
@@ -15,7 +16,9 @@ jobs_of() { case "$1" in async|lr_range_async) echo 1 ;; *) echo 2 ;; esac; }
 status=0
 for sweep in "${SWEEPS[@]}"; do
   echo "== $(date -u +%FT%TZ) $sweep"
-  vespo sweep "configs/lab/$sweep.yaml" --out "$OUT/$sweep" --jobs "$(jobs_of "$sweep")" || status=1
+  archive=()
+  [ -f "docs/results/$sweep/runs.json.gz" ] && archive=(--from-archive "docs/results/$sweep/runs.json.gz")
+  vespo sweep "configs/lab/$sweep.yaml" --out "$OUT/$sweep" --jobs "$(jobs_of "$sweep")" "${archive[@]}" || status=1
 done
 echo "== $(date -u +%FT%TZ) results page"
 dirs=()

@@ -172,7 +172,8 @@ def write_archive(record: dict, results: list[RunResult], path: Path) -> Path:
     return path
 
 
-def read_archive(path: Path) -> tuple[dict, list[RunResult]]:
+def read_archive_body(path: Path) -> dict:
+    """The archive's contents ({"format", "record", "runs"}), every run checked for the fields it must hold."""
     try:
         body = json.loads(gzip.decompress(path.read_bytes()))
     except (OSError, ValueError) as e:
@@ -180,12 +181,18 @@ def read_archive(path: Path) -> tuple[dict, list[RunResult]]:
     if not isinstance(body, dict) or body.get("format") != ARCHIVE_FORMAT:
         raise ValueError(f"{path}: unknown archive format {body.get('format') if isinstance(body, dict) else None!r} "
                          f"(this vespo reads format {ARCHIVE_FORMAT})")
-    record = {**body["record"], "dir": str(path)}
-    results = []
     for i, item in enumerate(body["runs"]):
         missing = [k for k in ("name", "lab", "config", "summary", "eval_before", "rows") if k not in item]
         if missing or "labels" not in (item.get("lab") or {}):
             raise ValueError(f"{path}: run {i + 1} lacks {missing or ['lab.labels']}")
+    return body
+
+
+def read_archive(path: Path) -> tuple[dict, list[RunResult]]:
+    body = read_archive_body(path)
+    record = {**body["record"], "dir": str(path)}
+    results = []
+    for item in body["runs"]:
         rows = item["rows"]
         run = None if rows is None else Run(path / item["name"], rows, item["summary"] or {}, item["config"])
         results.append(run_result(item["name"], item["lab"], run, item["config"], item["eval_before"]))

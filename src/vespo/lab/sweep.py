@@ -45,6 +45,8 @@ from pathlib import Path
 import yaml
 
 from vespo.lab.grid import GridPoint, Sweep, SweepError, load_sweep
+from vespo.lab.results import read_archive_body
+from vespo.metrics import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", action="append", default=[], metavar="AXIS=V1,V2",
                    help="run only the grid points with these values on an axis (repeatable), e.g. --only N=1,32")
     p.add_argument("--retry-failed", action="store_true", help="run again the points whose process failed")
+    p.add_argument("--from-archive", default=None, metavar="RUNS_JSON_GZ",
+                   help="first write back the finished runs of this sweep's archive (the runs.json.gz an "
+                        "earlier session's `vespo report` wrote) that SWEEP_DIR lacks, so they are skipped")
     p.add_argument("--ray-address", default=None, help="run the runs as Ray tasks: a cluster's address (auto, "
                    "HOST:PORT) or local (a Ray on this machine)")
     p.add_argument("--run-cpus", type=float, default=1.0, help="CPUs each run asks Ray for (with --ray-address)")
@@ -101,6 +106,9 @@ def main(argv: list[str]) -> int:
     try:
         sweep = load_sweep(args.sweep)
         sweep.overrides += args.overrides
+        if args.from_archive:
+            n = restore(Path(args.from_archive), sweep, Path(args.out))
+            print(f"vespo sweep: {n} finished runs written back from {args.from_archive}")
         jobs = plan(sweep, Path(args.out), args.retry_failed, parse_only(args.only, sweep))
     except (SweepError, ValueError) as e:
         print(f"vespo sweep: {e}", file=sys.stderr)
@@ -154,6 +162,85 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
             raise SweepError(f"{sweep.source}: grid point {point.name}: {e}") from None
         jobs.append(Job(point, run_dir, _action(run_dir, retry_failed), _warm_key(cfg), protocol_of(cfg)))
     return jobs
+
+
+def restore(archive: Path, sweep: Sweep, out: Path) -> int:
+    """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks, with
+    the files the lab reads of them (lab.json, config.yaml, summary.json, eval_before.json, metrics.jsonl
+    with the archived metrics) and the archive's sessions, so that planning skips them and the report
+    reads them as it read the originals. Refuses an archive of another sweep, a run that is not a point
+    of the grid, or one made with other overrides or another resolved config than the grid gives it now.
+    A run that had not finished is left out (run again). Returns the number of runs written back."""
+    from vespo.config import ConfigError, load_config, to_dict
+
+    body = read_archive_body(archive)
+    if body["record"].get("name") != sweep.name:
+        raise SweepError(f"{archive} is the archive of sweep {body['record'].get('name')!r}, not {sweep.name!r} "
+                         f"({sweep.source})")
+    write_record(sweep, out)
+    points = {p.name: p for p in sweep.points()}
+    restored = 0
+    for item in body["runs"]:
+        name, lab = item["name"], item["lab"]
+        if (item["summary"] or {}).get("status") != "done" and not lab.get("stopped_nonfinite"):
+            continue
+        point = points.get(name)
+        if point is None:
+            raise SweepError(f"{archive}: run {name} is not a point of the grid of {sweep.source}")
+        if lab.get("overrides") != point.overrides:
+            raise SweepError(f"{archive}: run {name} was made with overrides {lab.get('overrides')}, the grid of "
+                             f"{sweep.source} gives it {point.overrides}")
+        run_dir = out / name
+        if (run_dir / "lab.json").exists():
+            continue  # this directory's own run (finished, or to resume) wins
+        try:
+            cfg = load_config(out / "base.yaml", run_overrides(point, run_dir))
+        except ConfigError as e:
+            raise SweepError(f"{sweep.source}: grid point {name}: {e}") from None
+        differs = _first_difference(_plain(item["config"]), _plain(to_dict(cfg)), skip={"run.out_dir"})
+        if differs:
+            raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {differs[1]!r}, the grid of "
+                             f"{sweep.source} now resolves it to {differs[2]!r}: not the same condition")
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(item["config"], sort_keys=False))
+        if item["summary"]:
+            (run_dir / "summary.json").write_text(json.dumps(item["summary"], indent=2))
+        if item["eval_before"]:
+            (run_dir / "eval_before.json").write_text(json.dumps(item["eval_before"], indent=2))
+        if item["rows"] is not None:
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in item["rows"]))
+        (run_dir / "lab.json").write_text(json.dumps(lab, indent=2))
+        restored += 1
+    _merge_sessions(out, body["record"].get("sessions") or [])
+    return restored
+
+
+def _plain(value: object) -> object:
+    return json.loads(json.dumps(value))
+
+
+def _first_difference(a: object, b: object, skip: set[str], at: str = "") -> tuple[str, object, object] | None:
+    """(dotted key, a's value, b's value) of the first place two configs differ, else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            where = f"{at}.{key}" if at else str(key)
+            if where not in skip:
+                found = _first_difference(a.get(key), b.get(key), skip, where)
+                if found:
+                    return found
+        return None
+    return None if a == b else (at, a, b)
+
+
+def _merge_sessions(out: Path, sessions: list[dict]) -> None:
+    """Add to SWEEP_DIR/sessions.jsonl the archived sessions it does not hold yet."""
+    path = out / "sessions.jsonl"
+    have = read_jsonl(path) if path.is_file() else []
+    seen = {(s.get("start"), s.get("command")) for s in have}
+    new = [s for s in sessions if (s.get("start"), s.get("command")) not in seen]
+    if new:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(s) + "\n" for s in new)
 
 
 def protocol_of(cfg) -> Protocol:
@@ -323,8 +410,13 @@ def machine() -> dict:
 
 def command(job: Job, out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "vespo.cli", "train", "--config", str(out / "base.yaml")]
-    cmd += (["--resume"] if job.action == "resume" else []) + job.point.overrides
-    return cmd + [f"run.out_dir={job.run_dir}", "run.threads=1", "run.progress=false"]
+    return cmd + (["--resume"] if job.action == "resume" else []) + run_overrides(job.point, job.run_dir)
+
+
+def run_overrides(point: GridPoint, run_dir: Path) -> list[str]:
+    """The overrides a grid point's `vespo train` gets: the grid's, then where it writes, one torch thread
+    and no progress bar."""
+    return point.overrides + [f"run.out_dir={run_dir}", "run.threads=1", "run.progress=false"]
 
 
 def run_all(jobs: list[Job], out: Path, n_jobs: int, launcher: "Launcher | None" = None) -> int:
