@@ -35,7 +35,8 @@ TESTS = {
 def run_once(node: str) -> tuple[bool, dict[str, float], float]:
     """(passed, LEARNING values, load average at the end) of one fresh pytest run of ``node``."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", node],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           "-m", "slow or not slow", node],  # the test whether or not it is marked slow
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:  # the failure's own words, for the record
         with open(FAILURES, "a") as f:

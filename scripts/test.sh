@@ -8,13 +8,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-# torch is pinned to the CPU build this machine carries; the package itself accepts torch >= 2.4.
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[test]"
-# verl pins transformers < 5.11, so its integration test runs in a separate environment.
+# verl pins transformers < 5.11, so its integration test runs in a separate environment: built in the
+# background while the main one installs (two pip processes on two cores), awaited before the tests.
+verl_pid=""
 if [ -f scripts/setup_verl_env.sh ]; then
-  bash scripts/setup_verl_env.sh
+  bash scripts/setup_verl_env.sh &
+  verl_pid=$!
+fi
+# torch is pinned to the CPU build this machine carries; the package itself accepts torch >= 2.4.
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e ".[test]"
+if [ -n "$verl_pid" ]; then
+  wait "$verl_pid"
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 set +e

@@ -126,6 +126,8 @@ def vespo_train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     return proc
 
 
+@pytest.mark.slow  # ~2 min on a 2-core CI machine (three 2-rank jobs of 40 steps); two-rank parity and checkpoints
+# across rank counts are in the default run
 def test_a_killed_rank_stops_the_job_and_the_run_resumes_learns_and_resumes_bit_for_bit(tmp_path):
     run = tmp_path / "killed"
     args = ["--nproc", "2", *small_run(run, "run.steps=40", "run.checkpoint_every=2")]

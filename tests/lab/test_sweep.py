@@ -201,6 +201,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     assert steps and steps == sorted(set(steps))  # one run's rows, once each
 
 
+@pytest.mark.slow  # ~2-3 min on a 2-core CI machine (a Ray cluster and two real runs); planning, resuming and the
+# records it shares with the local sweep are in the default run
 def test_a_sweep_on_ray_runs_its_runs_as_tasks_side_by_side_and_resumes(tmp_path):
     """--ray-address local: the runs are Ray tasks (two at a time here, as on a cluster), the records are the
     local sweep's, and a second call skips the finished runs."""

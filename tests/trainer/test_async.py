@@ -138,6 +138,8 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # ~3 min idle on a 2-core CI machine (60 rollout steps after a 60-step warm start); the quick async
+# tests below keep the learner actor, Ctrl-C/resume and worker failures in the default run
 def test_async_run_with_a_two_rank_learner_learns_survives_a_killed_worker_and_keeps_the_bound(make_cfg, local_ray):
     # the sync learning setup (tests/trainer/test_learning.py), K = 4, bound 4, partial rollouts; the learner is
     # two Ray actors in one process group (FSDP2), each training half of every mini-batch
