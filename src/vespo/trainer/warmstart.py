@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -53,9 +54,13 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, sampling: S
     if accuracy is not None:
         stats["warmstart/sampled_accuracy"] = accuracy
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    # each process writes its own temporary files and renames them into place: two runs warm-starting the
+    # same cache entry at once (test workers, sweeps on a shared disk) never read a half-written file
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    path.with_suffix(".json").write_text(json.dumps(stats))
+    tmp_stats = path.with_suffix(f".{os.getpid()}.json.tmp")
+    tmp_stats.write_text(json.dumps(stats))
+    tmp_stats.replace(path.with_suffix(".json"))
     tmp.replace(path)
     measured = "" if accuracy is None else f", sampled accuracy {accuracy:.3f}"
     log(f"warm start: {steps} supervised steps, final loss {stats['warmstart/final_loss']:.3f}{measured} -> {path}")
