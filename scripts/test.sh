@@ -21,9 +21,18 @@ python -m pip install -q --disable-pip-version-check -e ".[test]"
 if [ -n "$verl_pid" ]; then
   wait "$verl_pid"
 fi
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# Two pytest workers (pytest-xdist), one per core, each taking whole test files (module fixtures such as
+# a real sweep or a Ray cluster are built once) and one torch thread; PYTEST_WORKERS=0 runs in one process.
+WORKERS=${PYTEST_WORKERS:-2}
+if [ "$WORKERS" -gt 0 ]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  PARALLEL=(-n "$WORKERS" --dist loadfile)
+else
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+  PARALLEL=()
+fi
 set +e
-python -m pytest -q "$@"
+python -m pytest -q "${PARALLEL[@]}" "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
