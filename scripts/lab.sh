@@ -4,7 +4,10 @@
 # resume from their checkpoints (vespo sweep). About 8 hours on 2 cores. Sessions on different
 # machines add up: a sweep with a committed archive (docs/results/<sweep>/runs.json.gz) first gets
 # back the finished runs it holds (vespo sweep --from-archive) and runs only the rest, and a sweep
-# whose run directories this machine lacks enters the page from that archive.
+# whose run directories this machine lacks enters the page from that archive. A session that stops
+# before a sweep finishes commits its report and archive to docs/results/in_progress/<sweep>/
+# (`vespo report runs/lab/<sweep> --out docs/results/in_progress/<sweep>`), which the next session
+# starts from and the page removes once it shows the sweep.
 #
 # Usage: bash scripts/lab.sh [SWEEP ...]     (default: all, in the order below; the venv active)
 set -uo pipefail
@@ -16,8 +19,12 @@ jobs_of() { case "$1" in async|lr_range_async) echo 1 ;; *) echo 2 ;; esac; }
 status=0
 for sweep in "${SWEEPS[@]}"; do
   echo "== $(date -u +%FT%TZ) $sweep"
+  # the finished runs an earlier session committed: of a sweep still running (results/in_progress/), else
+  # of the sweep on the page
   archive=()
-  [ -f "docs/results/$sweep/runs.json.gz" ] && archive=(--from-archive "docs/results/$sweep/runs.json.gz")
+  for a in "docs/results/in_progress/$sweep/runs.json.gz" "docs/results/$sweep/runs.json.gz"; do
+    if [ -f "$a" ]; then archive=(--from-archive "$a"); break; fi
+  done
   vespo sweep "configs/lab/$sweep.yaml" --out "$OUT/$sweep" --jobs "$(jobs_of "$sweep")" "${archive[@]}" || status=1
 done
 echo "== $(date -u +%FT%TZ) results page"

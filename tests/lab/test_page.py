@@ -111,6 +111,19 @@ def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):
                                                               "reward.png", "runs.json.gz"]
 
 
+def test_the_page_supersedes_the_in_progress_copy_of_a_sweep_it_shows(synthetic, tmp_path):
+    """results/in_progress/<sweep> (a sweep's report and archive committed while it still ran) goes once the
+    page shows that sweep; another sweep's in-progress copy stays."""
+    st, _ = _sweeps(synthetic)
+    page = tmp_path / "results.md"
+    shown, other = tmp_path / "results" / "in_progress" / "staleness", tmp_path / "results" / "in_progress" / "endpoint"
+    for folder in (shown, other):
+        folder.mkdir(parents=True)
+        (folder / "report.md").write_text("partial")
+    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    assert not shown.exists() and (other / "report.md").read_text() == "partial"
+
+
 def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):
     a = synthetic("x", {"seed": ["0"]})
     a.run({"seed": "0"}, [0.1])

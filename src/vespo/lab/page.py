@@ -4,7 +4,9 @@
 
 writes every sweep's report (tables and figures) and its archive (runs.json.gz, which a later
 `vespo report` reads in place of the sweep directory) into results/<sweep name>/ beside the page,
-removing files there that it no longer makes, and the page itself: the recommendation
+removing files there that it no longer makes (and results/in_progress/<sweep name>/, the report and
+archive of a sweep committed while it was still running, which its place on the page supersedes), and
+the page itself: the recommendation
 (vespo.lab.recommend), how numbers are judged (the interval with its simulated coverage, the
 collapse rule with its simulated false-positive rate, where it fired and which flagged runs look
 suspect), the claims table (vespo.lab.claims), the headline figure, and per sweep its commands,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +30,8 @@ from vespo.lab.grid import planned
 from vespo.lab.recommend import recommend, recommendation_markdown
 from vespo.lab.results import ARCHIVE, RunResult, conditions, group, read_sweep, write_archive
 from vespo.lab.tables import row, sweep_markdown, sweep_tables
+
+IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
 
 SIM_RUNS = 500  # simulated runs per scenario for the collapse rule's rates ...
 SIM_NS = (1, 64)  # ... and the N of the training-reward evidence
@@ -63,6 +68,9 @@ def write_page(sweep_dirs: list[Path], page: Path, claims_path: Path | None, out
         sweeps[record["name"]] = (record, results)
     root = out_root or page.parent / "results"
     figures = {name: write_sweep(record, results, root / name) for name, (record, results) in sweeps.items()}
+    for name in sweeps:
+        if (root / IN_PROGRESS / name).is_dir():
+            shutil.rmtree(root / IN_PROGRESS / name)
     claims = claims_mod.load_claims(claims_path) if claims_path else None
     verdicts = claims_mod.evaluate(claims, sweeps) if claims else []
     picks = recommend(claims.recommend, sweeps) if claims else []
