@@ -86,3 +86,18 @@ def test_adapted_kernel_is_phi_at_the_shape_the_reference_chooses_for_the_stale_
         torch.testing.assert_close(coef, W**k * torch.exp(lam * (1 - W)), rtol=1e-8, atol=1e-14)
         moved += not torch.allclose(coef, curves[("vespo", sign)][1], rtol=1e-3)
     assert moved >= 1
+
+
+def test_the_plot_takes_more_curves_than_colours_and_dashes(tmp_path):
+    """A registry holding extra losses (a user's, or another test's) still plots: each loss in its colour
+    of every figure, dash patterns repeating."""
+    import torch
+
+    from vespo.kernels import plot
+
+    W = torch.logspace(-3, 1, 9, dtype=torch.float64)
+    names = ["vespo", "vespo_adaptive:ess", "grpo", "gspo", "sapo", "cispo", "reinforce", "dppo", "m2po",
+             "geo_mask", "my_loss", "my_other_loss", "vespo:k=4"]
+    curves = {(name, sign): (W, W.clamp(max=2.0)) for name in names for sign in (1.0, -1.0)}
+    plot(curves, 4, tmp_path / "kernels.png")
+    assert (tmp_path / "kernels.png").stat().st_size > 10_000

@@ -111,10 +111,15 @@ def plot(curves: dict, T: int, path: Path, stale_sigma: float = 2.0, stale_n: in
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    from vespo.plot import color_of
+
     names = sorted({name for name, _ in curves})
-    colors = dict(zip(names, plt.get_cmap("tab10").colors))
-    dashes = dict(zip(names, ["-", (0, (5, 2)), "-", (0, (1, 1.5)), (0, (6, 2, 1, 2)), "-", (0, (3, 1)),
-                              (0, (1, 1)), (0, (4, 1, 1, 1)), (0, (2, 2)), (0, (8, 2))]))  # overlaps stay visible
+    # each loss in its colour of every figure (a variant "loss:option" in its loss's); dashes keep overlaps
+    # visible, repeating when there are more curves than patterns (registered user losses included)
+    colors = {name: color_of(name.partition(":")[0]) for name in names}
+    patterns = ["-", (0, (5, 2)), "-", (0, (1, 1.5)), (0, (6, 2, 1, 2)), "-", (0, (3, 1)), (0, (1, 1)),
+                (0, (4, 1, 1, 1)), (0, (2, 2)), (0, (8, 2))]
+    dashes = {name: patterns[i % len(patterns)] for i, name in enumerate(names)}
     for ax, sign in zip(axes, (1.0, -1.0)):
         for name in names:
             W, coef = curves[(name, sign)]
