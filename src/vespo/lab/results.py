@@ -199,6 +199,21 @@ def read_archive(path: Path) -> tuple[dict, list[RunResult]]:
     return record, _in_grid_order(record, results, path)
 
 
+def write_run(item: dict, run_dir: Path) -> None:
+    """The inverse of ``read_run`` for one run of an archive: its directory with the files the lab reads
+    (config.yaml, summary.json, eval_before.json, metrics.jsonl with the archived metrics, and lab.json
+    last, the file that marks the directory as a run)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(item["config"], sort_keys=False))
+    if item["summary"]:
+        (run_dir / "summary.json").write_text(json.dumps(item["summary"], indent=2))
+    if item["eval_before"]:
+        (run_dir / "eval_before.json").write_text(json.dumps(item["eval_before"], indent=2))
+    if item["rows"] is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in item["rows"]))
+    (run_dir / "lab.json").write_text(json.dumps(item["lab"], indent=2))
+
+
 def _eval_before(run_dir: Path) -> dict:
     path = run_dir / "eval_before.json"
     return json.loads(path.read_text()) if path.is_file() else {}

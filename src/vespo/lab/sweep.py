@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from vespo.lab.grid import GridPoint, Sweep, SweepError, load_sweep
-from vespo.lab.results import read_archive_body
+from vespo.lab.results import read_archive_body, write_run
 from vespo.metrics import read_jsonl
 
 
@@ -201,15 +201,7 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
         if differs:
             raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {differs[1]!r}, the grid of "
                              f"{sweep.source} now resolves it to {differs[2]!r}: not the same condition")
-        run_dir.mkdir(parents=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(item["config"], sort_keys=False))
-        if item["summary"]:
-            (run_dir / "summary.json").write_text(json.dumps(item["summary"], indent=2))
-        if item["eval_before"]:
-            (run_dir / "eval_before.json").write_text(json.dumps(item["eval_before"], indent=2))
-        if item["rows"] is not None:
-            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in item["rows"]))
-        (run_dir / "lab.json").write_text(json.dumps(lab, indent=2))
+        write_run(item, run_dir)
         restored += 1
     _merge_sessions(out, body["record"].get("sessions") or [])
     return restored
