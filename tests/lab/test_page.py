@@ -138,3 +138,29 @@ def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):
 def test_claims_need_a_page(tmp_path):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "--claims", "c.yaml"])
+
+
+def test_the_page_measures_the_collapse_rules_false_positive_rate(synthetic, tmp_path):
+    """Of the runs that ended at least as well as their condition's median unflagged run, the share the
+    rule flagged, with its exact (Clopper-Pearson) interval; a condition where every run collapsed (a
+    positive control) has no unflagged runs to compare with and stays out of the rate."""
+    from scipy.stats import beta
+
+    sw = synthetic("lr_range", {"lr": ["1e-4", "1e-3"], "seed": ["0", "1", "2", "3"]}, reference={})
+    rising, falling = [0.3, 0.5, 0.6, 0.6], [0.6, 0.7, 0.1, 0.1]
+    for seed, final in zip("012", (0.5, 0.6, 0.7)):
+        sw.run({"lr": "1e-4", "seed": seed}, rising, eval_sampled=final)
+    # flagged on its held-out evaluations during training, yet it ended above the median unflagged run
+    sw.run({"lr": "1e-4", "seed": "3"}, rising, evals=falling, eval_sampled=0.65)
+    for seed in "0123":
+        sw.run({"lr": "1e-3", "seed": seed}, [0.3, 0.5, 0.0, 0.0], eval_sampled=0.0)
+    page = tmp_path / "results.md"
+    assert report.main([str(sw.dir), "--page", str(page)]) == 0
+    text = " ".join(page.read_text().split())
+    assert "the rule flagged 5 of 8 finished runs" in text
+    assert "(the positive controls): `lr_range` 1e-3: 4/4." in text
+    assert "(suspect false positives): `lr_range` `lr=1e-4,seed=3` (held-out 0.650)." in text
+    # ended at least as well as the median unflagged run (0.6): seeds 1, 2 and the flagged seed 3
+    low, high = beta.ppf(0.05, 1, 3), beta.ppf(0.95, 2, 2)
+    assert (f"of the 3 runs that ended at least as well as their condition's median unflagged run, the rule "
+            f"flagged 1, 0.333 [{low:.3f}, {high:.3f}] (exact 90% interval)") in text

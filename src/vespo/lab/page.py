@@ -162,9 +162,11 @@ def collapse_section(sweeps: dict) -> list[str]:
 
 
 def fired_section(sweeps: dict) -> list[str]:
-    """Where the rule fired in the sweeps (the positive controls), and flagged runs that ended as well
-    as their condition's unflagged runs (suspect false positives)."""
-    fired, suspects, flagged, total = [], [], 0, 0
+    """Where the rule fired in the sweeps (the positive controls), flagged runs that ended as well as
+    their condition's unflagged runs (suspect false positives), and the measured false-positive rate:
+    of the runs that ended at least as well as the median unflagged run of their condition, the share
+    flagged."""
+    fired, suspects, flagged, total, ended_well = [], [], 0, 0, 0
     for name, (record, results) in sweeps.items():
         for key, runs in group(results, conditions(record)).items():
             usable = [r for r in runs if r.usable]
@@ -174,13 +176,22 @@ def fired_section(sweeps: dict) -> list[str]:
                 fired.append(f"`{name}` {', '.join(key)}: {len(dead)}/{len(usable)}")
             alive = [r.stats.get("eval_sampled", math.nan) for r in usable if not r.collapse.collapsed]
             alive = [x for x in alive if math.isfinite(x)]
+            if not alive:
+                continue
+            bar = statistics.median(alive)
+            ended_well += sum(r.stats.get("eval_sampled", -math.inf) >= bar for r in usable)
             for r in dead:
-                if alive and r.stats.get("eval_sampled", -math.inf) >= statistics.median(alive):
+                if r.stats.get("eval_sampled", -math.inf) >= bar:
                     suspects.append(f"`{name}` `{r.name}` (held-out {r.stats['eval_sampled']:.3f})")
     out = [f"In the sweeps below the rule flagged {flagged} of {total} finished runs. Where it fired in at least half "
            "the runs of a condition (the positive controls): " + ("; ".join(fired) or "nowhere yet") + "."]
     out.append("Flagged runs whose final held-out accuracy is at least the median of their condition's unflagged runs "
                "(suspect false positives): " + ("; ".join(suspects) or "none") + ".")
+    if ended_well:
+        fp = stats.rate_ci(len(suspects), ended_well)
+        out.append(f"Measured false-positive rate: of the {ended_well} runs that ended at least as well as their "
+                   f"condition's median unflagged run, the rule flagged {len(suspects)}, {fp.mean:.3f} "
+                   f"[{fp.low:.3f}, {fp.high:.3f}] (exact 90% interval).")
     return [" ".join(out), ""]
 
 
