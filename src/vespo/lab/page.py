@@ -29,7 +29,7 @@ from vespo.lab.figures import write_figures
 from vespo.lab.grid import planned
 from vespo.lab.recommend import recommend, recommendation_markdown
 from vespo.lab.results import ARCHIVE, RunResult, conditions, group, read_sweep, write_archive
-from vespo.lab.tables import row, sweep_markdown, sweep_tables
+from vespo.lab.tables import ci_text, row, sweep_markdown, sweep_tables
 
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
 
@@ -190,8 +190,8 @@ def fired_section(sweeps: dict) -> list[str]:
     if ended_well:
         fp = stats.rate_ci(len(suspects), ended_well)
         out.append(f"Measured false-positive rate: of the {ended_well} runs that ended at least as well as their "
-                   f"condition's median unflagged run, the rule flagged {len(suspects)}, {fp.mean:.3f} "
-                   f"[{fp.low:.3f}, {fp.high:.3f}] (exact 90% interval).")
+                   f"condition's median unflagged run, the rule flagged {len(suspects)}, {ci_text(fp)} "
+                   "(exact 90% interval).")
     return [" ".join(out), ""]
 
 
