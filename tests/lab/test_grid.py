@@ -153,6 +153,14 @@ def test_exclude_leaves_out_matching_points(tmp_path):
         load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}, "exclude": {"loss": "grpo"}}))
 
 
+def test_a_sweep_files_description_is_text_and_reaches_its_record(tmp_path):
+    sweep = load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}, "description": "why\n  this grid"}))
+    assert sweep.description == "why this grid"
+    assert load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}})).description == ""
+    with pytest.raises(SweepError, match="description must be text"):
+        load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo"]}, "description": ["a"]}))
+
+
 def test_reference_and_cost(tmp_path):
     sweep = load_sweep(_write(tmp_path, {"grid": {"loss.name": ["grpo", "vespo"], "optim.lr": [1e-4],
                                                   "model.arch": ["qwen3"]}, "cost": {"run_s": 30, "jobs": 2}}))

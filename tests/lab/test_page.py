@@ -1,6 +1,7 @@
 """The results page from hand-made sweep directories: the machine note, the claims table, the
 headline figure, and per sweep the commands, commit and wall time recorded in sessions.jsonl."""
 
+import json
 import re
 
 import pytest
@@ -97,6 +98,41 @@ def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
     assert ("- N = 64: use **VESPO** (held-out 0.610 [0.593, 0.627]); ahead of GRPO by +0.100 [+0.100, +0.100], "
             "higher in 3/3 seeds (supported)") in head
     assert "What this scale cannot say:" in head
+
+
+def test_the_recommendation_can_name_the_values_of_its_axis_it_holds_at(synthetic, tmp_path, capsys):
+    """`at` keeps a setting to the values of `over` it names (the endpoint runs the other losses at N = 64
+    only: at N = 1 they make VESPO's update exactly); a value the axis lacks is named."""
+    st, _ = _sweeps(synthetic)
+    claims = tmp_path / "claims.yaml"
+    entry = {"setting": "synchronous training", "sweep": "staleness", "among": "loss", "over": "N", "at": ["64"]}
+    claims.write_text(yaml.safe_dump({"recommend": [entry], "claims": []}))
+    page = tmp_path / "results.md"
+    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
+    head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
+    assert "- N = 64: use **VESPO**" in head and "N = 1" not in head
+    claims.write_text(yaml.safe_dump({"recommend": [{**entry, "at": ["32"]}], "claims": []}))
+    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 2
+    assert "recommend[0]: at ['32'] must be values of its 'over' axis 'N'" in capsys.readouterr().err
+
+
+def test_the_sweep_files_description_heads_its_tables_and_excluded_runs_stay_out(synthetic, tmp_path):
+    """A sweep file's description is printed above its tables in the report and on the page; a run directory
+    of a grid point the sweep has since excluded stays on disk but out of every table."""
+    st, _ = _sweeps(synthetic)
+    record = {**st.record, "description": "At N = 1 every loss makes the same update, so only VESPO runs there.",
+              "exclude": [{"loss": ["grpo"], "N": ["1"]}]}
+    (st.dir / "sweep.json").write_text(json.dumps(record))
+    _, results = read_sweep(st.dir)
+    assert len(results) == 9 and not any(r.labels == {"loss": "grpo", "N": "1", "seed": "0"} for r in results)
+    page = tmp_path / "results.md"
+    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    text = page.read_text()
+    section = text.split("### `staleness`")[1]
+    assert section.index("only VESPO runs there.") < section.index("| loss | N | runs |")
+    assert "| grpo | 1 |" not in section and "| grpo | 64 | 3 |" in section
+    report_md = (tmp_path / "results" / "staleness" / "report.md").read_text()
+    assert report_md.index("only VESPO runs there.") < report_md.index("| loss | N | runs |")
 
 
 def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):

@@ -3,6 +3,7 @@
 A sweep file (YAML):
 
     name: staleness
+    description: "why the grid is what it is"   # printed above the sweep's tables (optional)
     base: ../demo.yaml             # a config file (relative to this file) or an inline mapping
     overrides: [task.name=reverse]  # applied to every run
     reference: {loss: vespo}        # the condition every other is paired against, per seed (optional)
@@ -84,6 +85,7 @@ class Sweep:
     reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
     cost: Cost | None = None
     exclude: list[dict[str, list[str]]] = field(default_factory=list)  # points matching one entry are left out
+    description: str = ""  # the file's own words on its grid, printed above the sweep's tables
 
     def points(self) -> list[GridPoint]:
         """Every grid point not excluded, in row-major order of the axes."""
@@ -140,7 +142,8 @@ def load_sweep(path: str | Path) -> Sweep:
     return Sweep(name=str(data.get("name") or path.stem), base=_base(data.get("base"), path),
                  overrides=_str_list(data.get("overrides", []), f"{path}: overrides"), axes=axes, source=str(path),
                  reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path),
-                 exclude=_exclude(data.get("exclude"), axes, path))
+                 exclude=_exclude(data.get("exclude"), axes, path),
+                 description=_description(data.get("description"), path))
 
 
 def _base(base: Any, path: Path) -> dict:
@@ -207,6 +210,14 @@ def _exclude(exclude: Any, axes: list[Axis], path: Path) -> list[dict[str, list[
             checked[axis] = vs
         out.append(checked)
     return out
+
+
+def _description(description: Any, path: Path) -> str:
+    if description is None:
+        return ""
+    if not isinstance(description, str):
+        raise SweepError(f"{path}: description must be text, got {description!r}")
+    return " ".join(description.split())
 
 
 def _cost(cost: Any, path: Path) -> Cost | None:

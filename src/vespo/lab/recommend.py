@@ -5,8 +5,9 @@ The claims file names the settings to recommend for:
     recommend:
       - {setting: "synchronous training, N updates per rollout batch", sweep: staleness, among: loss, over: N}
       - {setting: "fully asynchronous training", sweep: async, among: loss}
+      - {setting: "4x as long", sweep: endpoint, among: loss, over: N, at: ["64"]}
 
-At each value of `over` (or once, without it) the candidates (the values of `among`) are ranked by
+At each value of `over` (or only at the values `at` lists; once, without `over`) the candidates (the values of `among`) are ranked by
 their mean held-out accuracy after training. The first is compared with every other, paired by
 seed: a candidate whose difference from the first has an interval wholly above 0 is behind it,
 with the robustness label of vespo.lab.claims; any other is tied with it. Candidates with collapsed
@@ -54,7 +55,7 @@ class Pick:
 def recommend(entries: list[dict], sweeps: Sweeps) -> list[Pick]:
     picks = []
     for i, entry in enumerate(entries):
-        setting, sweep, among, over = _entry(entry, i)
+        setting, sweep, among, over, at = _entry(entry, i)
         if sweep not in sweeps:
             continue
         record, results = sweeps[sweep]
@@ -62,7 +63,10 @@ def recommend(entries: list[dict], sweeps: Sweeps) -> list[Pick]:
         if among not in axes or (over is not None and over not in axes):
             raise ClaimsError(f"recommend[{i}]: sweep {sweep!r} has no axis {among!r}" + (f" or {over!r}" if over else "")
                               + f"; axes: {list(axes)}")
-        for value in (axes[over] if over else [None]):
+        if at is not None and (over is None or set(at) - set(axes[over])):
+            raise ClaimsError(f"recommend[{i}]: at {at} must be values of its 'over' axis"
+                              + (f" {over!r}: {axes[over]}" if over else " (it has none)"))
+        for value in ([v for v in axes[over] if at is None or v in at] if over else [None]):
             runs = select(record, results, {over: value}) if over else results
             pick = pick_one(setting, f"{over} = {value}" if over else "", group(runs, [among]))
             if pick is not None:
@@ -70,11 +74,16 @@ def recommend(entries: list[dict], sweeps: Sweeps) -> list[Pick]:
     return picks
 
 
-def _entry(entry: dict, i: int) -> tuple[str, str, str, str | None]:
-    unknown = set(entry) - {"setting", "sweep", "among", "over"}
+def _entry(entry: dict, i: int) -> tuple[str, str, str, str | None, list[str] | None]:
+    unknown = set(entry) - {"setting", "sweep", "among", "over", "at"}
     if unknown or not {"setting", "sweep", "among"} <= set(entry):
-        raise ClaimsError(f"recommend[{i}]: expected {{setting, sweep, among, over (optional)}}, got {entry}")
-    return str(entry["setting"]), str(entry["sweep"]), str(entry["among"]), entry.get("over")
+        raise ClaimsError(f"recommend[{i}]: expected {{setting, sweep, among, over (optional), at (optional)}}, "
+                          f"got {entry}")
+    at = entry.get("at")
+    if at is not None and not (isinstance(at, list) and at):
+        raise ClaimsError(f"recommend[{i}]: at must be a list of values of the 'over' axis, got {at!r}")
+    return (str(entry["setting"]), str(entry["sweep"]), str(entry["among"]), entry.get("over"),
+            None if at is None else [str(v) for v in at])
 
 
 def pick_one(setting: str, at: str, cells: dict[tuple, list[RunResult]]) -> Pick | None:

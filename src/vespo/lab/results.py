@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
-from vespo.lab.grid import SEED_AXIS
+from vespo.lab.grid import SEED_AXIS, excluded
 from vespo.metrics import read_jsonl
 from vespo.plot import Run, load_run
 
@@ -101,7 +101,7 @@ class RunResult:
 
 
 def read_sweep(path: str | Path) -> tuple[dict, list[RunResult]]:
-    """A sweep's record (sweep.json plus its sessions) and one RunResult per run, in grid order, from a
+    """A sweep's record (sweep.json plus its sessions) and one RunResult per run of its grid, in grid order, from a
     sweep directory or from its archive (a runs.json.gz file, or a report folder holding one)."""
     path = Path(path)
     if not (path / "sweep.json").is_file():
@@ -113,7 +113,9 @@ def read_sweep(path: str | Path) -> tuple[dict, list[RunResult]]:
     record = json.loads((path / "sweep.json").read_text())
     record["dir"] = str(path)
     record["sessions"] = read_sessions(path)
-    results = [read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()]
+    # a run directory of a grid point the sweep file has since excluded stays on disk but out of the results
+    results = [r for r in (read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file())
+               if not excluded(r.labels, record.get("exclude", []))]
     return record, _in_grid_order(record, results, path)
 
 

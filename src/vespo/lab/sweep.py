@@ -255,7 +255,8 @@ def write_record(sweep: Sweep, out: Path) -> None:
                              "now; choose another --out")
     record = {"name": sweep.name, "source": sweep.source, "overrides": sweep.overrides,
               "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in sweep.axes],
-              "reference": sweep.reference, "exclude": sweep.exclude}
+              "reference": sweep.reference, "exclude": sweep.exclude,
+              **({"description": sweep.description} if sweep.description else {})}
     (out / "base.yaml").write_text(base)
     (out / "sweep.json").write_text(json.dumps(record, indent=2))
 

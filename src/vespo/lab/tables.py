@@ -163,8 +163,9 @@ def run_collapse_text(r: RunResult) -> str:
 
 def sweep_tables(record: dict, results: list[RunResult]) -> list[str]:
     """The condition table, the paired differences and the lr range: the lines both the report and
-    the results page print for a sweep."""
-    lines = [condition_table(record, results), ""]
+    the results page print for a sweep, below the sweep file's description when it has one."""
+    lines = [record["description"], ""] if record.get("description") else []
+    lines += [condition_table(record, results), ""]
     paired = paired_table(record, results)
     if paired:
         (axis, value), = record["reference"].items()
