@@ -136,8 +136,11 @@ def test_resume_is_bit_identical(make_cfg):
     train(full)
     part = make_cfg("run.steps=2", "run.checkpoint_every=2", out="part")
     train(part)
+    stored = torch.load(f"{part.run.out_dir}/checkpoints/step-000002/trainer.pt", weights_only=False)["seconds"]
     resumed = make_cfg("run.steps=4", "run.checkpoint_every=2", out="part")
-    train(resumed, resume=True)
+    resumed_summary = train(resumed, resume=True)
+    # the summary's seconds count the process it resumed from, up to its checkpoint, and this one
+    assert 0 < stored == resumed_summary["seconds_before_resume"] < resumed_summary["seconds"]
     a = _comparable(read_jsonl(f"{full.run.out_dir}/metrics.jsonl"))
     b = _comparable(read_jsonl(f"{part.run.out_dir}/metrics.jsonl"))
     assert [r["step"] for r in b] == [1, 2, 3, 4]

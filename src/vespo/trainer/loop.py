@@ -146,6 +146,8 @@ class Loop:
         self.checkpointed_at = -1  # updates done at the last checkpoint
         self.pending: list[TrainItem] = []  # items handed over by the source and not yet trained
         self.history: list[dict[str, float]] = []
+        self.seconds_before = 0.0  # training wall seconds of the processes before a resume, to their checkpoint
+        self.t_start = time.perf_counter()
 
     # ------------------------------------------------------------ the run
 
@@ -159,7 +161,7 @@ class Loop:
                   + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
                   + ", tb/, checkpoints/, policy/ at the end"
                   + (f"; {self.dist.world} ranks" if self.dist.active else ""))
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
         except BaseException:
@@ -168,7 +170,7 @@ class Loop:
             raise
         after = self.evaluate()
         self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
-        summary = self.summary(before, after, status, time.perf_counter() - t_start)
+        summary = self.summary(before, after, status)
         runlog.write_summary(summary)
         runlog.close()
         if self.dist.is_main:
@@ -262,7 +264,7 @@ class Loop:
 
     def checkpoint(self) -> Path:
         extra = {"step": self.updates_done // self.n, "updates": self.updates_done,
-                 "source": self.source.state_dict()}
+                 "source": self.source.state_dict(), "seconds": self.seconds()}
         path = self.learner.save_checkpoint(self.cfg.run.out_dir, self.updates_done // self.n, extra,
                                             to_dict(self.cfg))
         self.checkpointed_at = self.updates_done
@@ -289,10 +291,16 @@ class Loop:
         state = self.learner.load_checkpoint(path)
         self.source.load_state_dict(state["source"])
         updates = int(state["updates"])
+        self.seconds_before = float(state.get("seconds", 0.0))  # absent in checkpoints written before it was kept
         self._say(f"resumed from {path} ({updates} updates, policy version {self.learner.version})")
         return updates
 
-    def summary(self, before: dict, after: dict, status: str, seconds: float) -> dict:
+    def seconds(self) -> float:
+        """Training wall seconds of the run so far: this process's, and those of the processes it resumed
+        from, each up to the checkpoint the next one resumed from."""
+        return self.seconds_before + time.perf_counter() - self.t_start
+
+    def summary(self, before: dict, after: dict, status: str) -> dict:
         rewards = [h["reward/mean"] for h in self.history if "reward/mean" in h]
         tail = rewards[-max(1, len(rewards) // 5):] if rewards else []
         cfg = self.cfg
@@ -311,7 +319,8 @@ class Loop:
             "train_reward_final": sum(tail) / len(tail) if tail else None,
             "skipped_updates": self.learner.nonfinite_total,
             "warmstart": self.run.warmstart,
-            "seconds": seconds,
+            "seconds": self.seconds(),
+            "seconds_before_resume": self.seconds_before,
             **self.source.summary(),
         }
 
