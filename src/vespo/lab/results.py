@@ -114,8 +114,8 @@ def read_sweep(path: str | Path) -> tuple[dict, list[RunResult]]:
     record["dir"] = str(path)
     record["sessions"] = read_sessions(path)
     # a run directory of a grid point the sweep file has since excluded stays on disk but out of the results
-    results = [r for r in (read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file())
-               if not excluded(r.labels, record.get("exclude", []))]
+    results = [read_run(d) for d in sorted(path.iterdir())
+               if (d / "lab.json").is_file() and not excluded(_labels(d), record.get("exclude", []))]
     return record, _in_grid_order(record, results, path)
 
 
@@ -129,6 +129,11 @@ def _in_grid_order(record: dict, results: list[RunResult], where: Path) -> list[
 def read_sessions(sweep_dir: Path) -> list[dict]:
     path = sweep_dir / "sessions.jsonl"
     return read_jsonl(path) if path.is_file() else []
+
+
+def _labels(run_dir: Path) -> dict:
+    """A run directory's grid labels, without reading its metrics (read_run says when they are missing)."""
+    return json.loads((run_dir / "lab.json").read_text()).get("labels", {})
 
 
 def read_run(run_dir: Path) -> RunResult:
