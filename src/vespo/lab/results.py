@@ -114,8 +114,8 @@ def read_sweep(path: str | Path) -> tuple[dict, list[RunResult]]:
     record["dir"] = str(path)
     record["sessions"] = read_sessions(path)
     # a run directory of a grid point the sweep file has since excluded stays on disk but out of the results
-    results = [read_run(d) for d in sorted(path.iterdir())
-               if (d / "lab.json").is_file() and not excluded(_labels(d), record.get("exclude", []))]
+    labs = {d: read_lab(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()}
+    results = [read_run(d, lab) for d, lab in labs.items() if not excluded(lab["labels"], record.get("exclude", []))]
     return record, _in_grid_order(record, results, path)
 
 
@@ -131,15 +131,16 @@ def read_sessions(sweep_dir: Path) -> list[dict]:
     return read_jsonl(path) if path.is_file() else []
 
 
-def _labels(run_dir: Path) -> dict:
-    """A run directory's grid labels, without reading its metrics (read_run says when they are missing)."""
-    return json.loads((run_dir / "lab.json").read_text()).get("labels", {})
-
-
-def read_run(run_dir: Path) -> RunResult:
+def read_lab(run_dir: Path) -> dict:
+    """A run directory's lab.json (its grid labels and how the sweep ran it), without its metrics."""
     lab = json.loads((run_dir / "lab.json").read_text())
     if "labels" not in lab:
         raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
+    return lab
+
+
+def read_run(run_dir: Path, lab: dict) -> RunResult:
+    """A run's result from its directory, given its lab.json (read_lab)."""
     run = load_run(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
     config = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}) if (run_dir / "config.yaml").is_file() else {}
     return run_result(run_dir.name, lab, run, config, _eval_before(run_dir))
