@@ -241,19 +241,28 @@ class ConfigError(UserError, ValueError):
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file (or the built-in defaults), apply ``a.b=value`` overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    cfg = from_dict(data)
+    cfg = from_dict(load_yaml(path) if path is not None else {})
     for item in overrides:
         apply_override(cfg, item)
     validate(cfg)
     return cfg
+
+
+def load_yaml(path: str | Path, what: str = "config", error: type[Exception] = ConfigError) -> dict:
+    """The mapping a YAML file holds ({} when it is empty): the project's one YAML reader. A missing file,
+    broken YAML or a top level that is not a mapping raise ``error`` in one line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise error(f"{path}: not valid YAML ({getattr(e, 'problem', None) or e}"
+                    f"{f' at line {mark.line + 1}' if mark else ''})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
 
 
 def _yaml_name(f: dataclasses.Field) -> str:

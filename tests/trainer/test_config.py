@@ -82,3 +82,19 @@ def test_paper_protocol_fixes_the_minibatch_and_the_optimizer_steps(n):
 def test_paper_protocol_rejects_updates_that_n_does_not_divide():
     with pytest.raises(ConfigError, match=r"staleness.n=3 must divide run.updates=64"):
         load_config(None, ["staleness.n=3", "staleness.minibatch_prompts=2", "run.updates=64"])
+
+
+def test_load_yaml_names_the_file_and_line(tmp_path):
+    from vespo.config import load_yaml
+
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: not valid YAML .*line 3"):
+        load_yaml(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: the top level must be a mapping, got list"):
+        load_yaml(p)
+    p.write_text("")
+    assert load_yaml(p) == {}
+    with pytest.raises(KeyError, match="sweep file not found"):
+        load_yaml(tmp_path / "missing.yaml", what="sweep", error=KeyError)
