@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from vespo.losses import VespoAdaptiveConfig, VespoConfig, vespo_loss
-from vespo.losses._checks import prepare_inputs
+from vespo.losses import LossInputs, VespoAdaptiveConfig, VespoConfig, vespo_loss
 from vespo.losses.diagnostics import effective_sample_size
 from vespo.losses.kernel import sign_groups, sign_log_phi
 from vespo.losses.registry import LossSpec, register
@@ -38,13 +37,12 @@ PAPER = {0: (2.0, 3.0), 1: (3.0, 2.0)}  # row 0: A >= 0, row 1: A < 0
 CALLS: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log W [B], groups [2, B]) per loss call
 
 
-def recorded_vespo(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+def recorded_vespo(x: LossInputs, cfg: VespoConfig, normalizer=None):
     """VESPO, recording the log-weights its kernel uses (detached) before computing the loss."""
-    inp = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
-    valid = inp.seq_valid
-    groups = sign_groups(inp.adv, inp.mask, inp.seq_valid)[:, valid]
-    CALLS.append((vespo_log_weight(inp, cfg)[valid, 0].double().cpu(), groups.cpu()))
-    return vespo_loss(logp, old_logp, advantages, mask, cfg, normalizer, rollout_logp)
+    valid = x.seq_valid
+    groups = sign_groups(x.adv, x.mask, x.seq_valid)[:, valid]
+    CALLS.append((vespo_log_weight(x, cfg)[valid, 0].double().cpu(), groups.cpu()))
+    return vespo_loss(x, cfg, normalizer)
 
 
 def record_run(config: Path, n: int, seed: int, steps: int, out: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from vespo.losses import get_loss, loss_names
+from vespo.losses import get_loss, loss_names, prepare_inputs
 
 LOG_W_MIN = math.log(1e-8)
 
@@ -259,7 +259,7 @@ def main() -> None:
     for name in loss_names():
         spec = get_loss(name)
         cfg = spec.config_cls()
-        ours = loss_step(lambda *a, s=spec, c=cfg: s.fn(*a, c).loss, inputs)
+        ours = loss_step(lambda *a, s=spec, c=cfg: s.fn(prepare_inputs(*a), c).loss, inputs)  # checks included
         plain = loss_step(lambda *a, f=PLAIN[name], c=cfg: f(*a, c), inputs)
         (o_loss, o_grad), (p_loss, p_grad) = ours(), plain()
         ours_ms, plain_ms, base_ms = best_times([ours, plain, base_step], args.repeats, args.device)

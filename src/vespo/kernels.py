@@ -72,13 +72,13 @@ def stale_batch(sigma: float, n: int, T: int, seed: int = 0) -> dict[str, torch.
 
 def adapted_configs(batch: dict[str, torch.Tensor]) -> dict:
     """{rule: VespoConfig with the (k, lambda) vespo_adaptive's rule chose on ``batch``, aggregated as a token sum}."""
-    from vespo.losses import get_loss
+    from vespo.losses import get_loss, prepare_inputs
     from vespo.losses.vespo_adaptive import RULES
 
     spec, vespo = get_loss(ADAPTIVE), get_loss("vespo")
     configs = {}
     for rule in RULES:
-        m = spec.fn(cfg=spec.config_cls(rule=rule), **batch).metrics
+        m = spec.fn(prepare_inputs(**batch), spec.config_cls(rule=rule)).metrics
         shape = {f"{p}_{sign}": float(m[f"vespo/{p}_{sign}"]) for p in ("k", "lambda") for sign in ("pos", "neg")}
         configs[rule] = vespo.config_cls(agg=KERNEL_AGG, **shape)
     return configs
@@ -86,11 +86,13 @@ def adapted_configs(batch: dict[str, torch.Tensor]) -> dict:
 
 def _coefficient(fn, cfg, W: torch.Tensor, T: int, sign: float) -> torch.Tensor:
     """c(W) = -(dL/dlogp) / A at a uniform token log-ratio log(W) / T, from the loss's own autograd."""
+    from vespo.losses import prepare_inputs
+
     old_logp = torch.full((len(W), T), -1.0, dtype=torch.float64)  # [P, T]
     logp = (old_logp + (W.log() / T)[:, None]).requires_grad_(True)  # [P, T], r = W^(1/T) on every token
     adv = torch.full((len(W),), sign, dtype=torch.float64)  # [P]
     mask = torch.ones(len(W), T, dtype=torch.bool)
-    out = fn(logp, old_logp, adv, mask, cfg, normalizer=1.0)
+    out = fn(prepare_inputs(logp, old_logp, adv, mask), cfg, normalizer=1.0)
     (grad,) = torch.autograd.grad(out.loss, logp)
     return -grad.mean(dim=-1) / sign  # [P], the same on every token
 

@@ -122,7 +122,7 @@ def check_against_vespo(config) -> dict[str, float]:
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     from vespo.integrations.verl import verl_loss_name
-    from vespo.losses import get_loss, loss_names
+    from vespo.losses import get_loss, loss_names, prepare_inputs
 
     old, logp, adv, mask = random_batch(21)
     diffs = {}
@@ -131,7 +131,8 @@ def check_against_vespo(config) -> dict[str, float]:
         options = VESPO_OPTIONS if name == "vespo" else {}
         agg = spec.config_cls().agg
         ours, _ = get_policy_loss_fn(verl_loss_name(name))(old, logp, adv, mask, agg, config, None)
-        direct = spec.fn(logp, old, adv, mask.to(torch.float64), spec.config_cls(**options, agg=agg)).loss
+        x = prepare_inputs(logp, old, adv, mask.to(torch.float64))
+        direct = spec.fn(x, spec.config_cls(**options, agg=agg)).loss
         diffs[name] = abs(ours.item() - direct.item())
     return diffs
 
@@ -143,7 +144,7 @@ def check_adaptive() -> dict:
     """vespo_adaptive configured through Hydra equals vespo.losses' own; [B, T] and [B] advantages agree."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-    from vespo.losses import get_loss
+    from vespo.losses import get_loss, prepare_inputs
 
     overrides = [f"+actor_rollout_ref.actor.policy_loss.vespo_adaptive.{k}={v}" for k, v in ADAPTIVE_OPTIONS.items()]
     config = actor_config_from_hydra(overrides, loss_mode="vespo_adaptive")
@@ -153,8 +154,9 @@ def check_adaptive() -> dict:
     ours, metrics = fn(old, logp, adv, mask, "token-mean", config, None)
     spec = get_loss("vespo_adaptive")
     cfg = spec.config_cls(**ADAPTIVE_OPTIONS)
-    direct = spec.fn(logp, old, adv[:, 0], mask.to(torch.float64), cfg)  # sequence advantages [B]
-    base = get_loss("vespo").fn(logp, old, adv[:, 0], mask.to(torch.float64), get_loss("vespo").config_cls(k_neg=4.0))
+    direct = spec.fn(prepare_inputs(logp, old, adv[:, 0], mask.to(torch.float64)), cfg)  # sequence advantages [B]
+    base = get_loss("vespo").fn(prepare_inputs(logp, old, adv[:, 0], mask.to(torch.float64)),
+                                get_loss("vespo").config_cls(k_neg=4.0))
     shape = {key: metrics[f"actor/vespo/{key}"] for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
     return {
         "options": dict(config.policy_loss.vespo_adaptive),
@@ -217,7 +219,7 @@ def check_dppo() -> dict:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-    from vespo.losses import get_loss
+    from vespo.losses import get_loss, prepare_inputs
 
     ours_fn = get_policy_loss_fn("vespo_dppo")
     batch_infos = {"local": {}, "dp2": {"dp_size": 2, "batch_num_tokens": 60, "global_batch_size": 16}}
@@ -236,7 +238,7 @@ def check_dppo() -> dict:
                 fractions[f"{case}/{mode}/{label}"] = (masked, theirs[2]["actor/pg_clipfrac"])
         old, logp, adv, mask = batch = moved_batch(7)
         spec = get_loss("dppo")
-        direct = spec.fn(logp, old, adv, mask, spec.config_cls(**options))  # vespo.losses itself, token-mean
+        direct = spec.fn(prepare_inputs(logp, old, adv, mask), spec.config_cls(**options))  # vespo.losses itself
         ours = direct.loss.detach(), torch.autograd.grad(direct.loss, logp)[0]
         verl_cfg = OmegaConf.create({"clip_ratio": 0.2, **verl_options, "global_batch_info": {}})
         worst[f"{case}/direct"] = diff(ours, loss_and_grad(get_policy_loss_fn(verl_name), batch, "token-mean", verl_cfg))
@@ -253,7 +255,7 @@ def check_geo_mask() -> dict:
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
 
-    from vespo.losses import get_loss
+    from vespo.losses import get_loss, prepare_inputs
     from vespo.losses.rollout_correction import RolloutCorrection, geo_keep
 
     out = {}
@@ -273,7 +275,8 @@ def check_geo_mask() -> dict:
         loss, _ = get_policy_loss_fn("vanilla")(old_, logp_, adv_, mask_, "token-mean", vanilla, verl_mask)
         theirs = loss.detach(), torch.autograd.grad(loss, logp_)[0]
         spec = get_loss("grpo")
-        mine = spec.fn(logp_, old_, adv_, mask_, spec.config_cls(rollout_correction=rc), rollout_logp=rollout)
+        x = prepare_inputs(logp_, old_, adv_, mask_, rollout_logp=rollout)
+        mine = spec.fn(x, spec.config_cls(rollout_correction=rc))
         ours = mine.loss.detach(), torch.autograd.grad(mine.loss, logp_)[0]
         valid = mask.any(-1)
         out[band] = {"mismatched": int((ours_keep != verl_keep)[valid].sum()), "kept": int(ours_keep[valid].sum()),

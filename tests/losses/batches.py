@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from vespo.losses import prepare_inputs
+
 
 def make_batch(B=6, T=7, scale=0.3, seed=0, dtype=torch.float64, token_adv=False, rollout=False, pad="nan"):
     """A dict of loss inputs. Row 0 is full, the last row is all-masked; padding holds ``pad`` values."""
@@ -34,3 +36,8 @@ def make_batch(B=6, T=7, scale=0.3, seed=0, dtype=torch.float64, token_adv=False
 def to_lists(batch):
     """The batch as nested python lists (what the float64 reference takes)."""
     return {k: v.tolist() for k, v in batch.items()}
+
+
+def call_loss(spec, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+    """``spec.fn`` on the inputs prepared once by ``prepare_inputs``, as the trainer calls a loss."""
+    return spec.fn(prepare_inputs(logp, old_logp, advantages, mask, rollout_logp), cfg, normalizer)

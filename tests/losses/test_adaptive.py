@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vespo.losses import AGG_MODES, get_loss
 from vespo.losses.vespo_adaptive import VespoAdaptiveConfig, adapt_shape
 
-from .batches import make_batch, to_lists
+from .batches import call_loss, make_batch, to_lists
 from .reference import adaptive_shape, eq_w, ess
 
 ADAPTIVE = get_loss("vespo_adaptive")
@@ -22,7 +22,7 @@ VESPO = get_loss("vespo")
 
 def run(name, batch, cfg):
     logp = batch["logp"].clone().requires_grad_(True)
-    out = get_loss(name).fn(logp, cfg=cfg, **{k: v for k, v in batch.items() if k != "logp"})
+    out = call_loss(get_loss(name), logp, cfg=cfg, **{k: v for k, v in batch.items() if k != "logp"})
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
 

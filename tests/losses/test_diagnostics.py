@@ -11,7 +11,7 @@ from vespo.losses import get_loss, loss_names
 from vespo.losses import concat_rows, summarize
 from vespo.losses.diagnostics import metric_reduction
 
-from .batches import make_batch
+from .batches import call_loss, make_batch
 
 SHARED_KEYS = {"loss/pg_loss", "is/log_w_min", "is/log_w_p50", "is/log_w_p90", "is/log_w_max", "is/w_mean",
                "is/ess", "is/n_seq", "kl/k1", "kl/k3"}
@@ -19,7 +19,7 @@ SHARED_KEYS = {"loss/pg_loss", "is/log_w_min", "is/log_w_p50", "is/log_w_p90", "
 
 def metrics_of(name, batch, **cfg):
     spec = get_loss(name)
-    return spec.fn(cfg=spec.config_cls(**cfg), **batch).metrics
+    return call_loss(spec, cfg=spec.config_cls(**cfg), **batch).metrics
 
 
 @pytest.mark.parametrize("name", loss_names())
@@ -160,7 +160,7 @@ def test_rows_of_micro_batches_give_the_whole_batch_metrics(name, token_adv):
     cfg = spec.config_cls()
 
     def call(rows):
-        return spec.fn(cfg=cfg, normalizer=7.0, **{k: v[rows] for k, v in batch.items()})
+        return call_loss(spec, cfg=cfg, normalizer=7.0, **{k: v[rows] for k, v in batch.items()})
 
     full = call(slice(None))
     parts = [call(rows) for rows in (slice(0, 3), slice(3, 4), slice(4, 12))]

@@ -9,6 +9,8 @@ import torch
 
 from vespo.losses import aggregate, ess_step_scale, get_loss
 
+from .batches import call_loss
+
 LOGP = [[-1.0, -2.0, -0.5]]  # one sequence, three tokens; sum = -3.5
 MASK = torch.ones(1, 3, dtype=torch.bool)
 
@@ -22,7 +24,7 @@ def three_tokens(log_ratio=0.1):
 def run(name, adv, **cfg):
     logp, old = three_tokens()
     spec = get_loss(name)
-    out = spec.fn(logp, old, torch.tensor([adv], dtype=torch.float64), MASK, spec.config_cls(**cfg))
+    out = call_loss(spec, logp, old, torch.tensor([adv], dtype=torch.float64), MASK, spec.config_cls(**cfg))
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
 
@@ -101,11 +103,11 @@ def test_tis_token_truncates_rollout_weight_by_hand():
     rollout = logp.detach() - torch.tensor([[1.0, -1.0, 0.0]], dtype=torch.float64)
     spec = get_loss("reinforce")
     cfg = spec.config_cls(is_level="none", rollout_correction={"mode": "tis_token", "threshold": 2.0})
-    out = spec.fn(logp, logp.detach(), torch.ones(1, dtype=torch.float64), MASK, cfg, rollout_logp=rollout)
+    out = call_loss(spec, logp, logp.detach(), torch.ones(1, dtype=torch.float64), MASK, cfg, rollout_logp=rollout)
     assert out.loss.item() == pytest.approx((2 + 2 * math.exp(-1) + 0.5) / 3, rel=1e-12)
     # mis_token drops the e^1 token instead: -(0 + e^-1 * -2 + -0.5) / 3
     cfg = spec.config_cls(is_level="none", rollout_correction={"mode": "mis_token", "threshold": 2.0})
-    out = spec.fn(logp, logp.detach(), torch.ones(1, dtype=torch.float64), MASK, cfg, rollout_logp=rollout)
+    out = call_loss(spec, logp, logp.detach(), torch.ones(1, dtype=torch.float64), MASK, cfg, rollout_logp=rollout)
     assert out.loss.item() == pytest.approx((2 * math.exp(-1) + 0.5) / 3, rel=1e-12)
 
 
@@ -117,7 +119,7 @@ DPPO_LOGP, DPPO_OLD = [[-0.2, -2.0, -0.5]], [[-1.0, -2.3, -0.6]]
 def dppo_run(adv, **cfg):
     logp = torch.tensor(DPPO_LOGP, dtype=torch.float64, requires_grad=True)
     spec = get_loss("dppo")
-    out = spec.fn(logp, torch.tensor(DPPO_OLD, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), MASK,
+    out = call_loss(spec, logp, torch.tensor(DPPO_OLD, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), MASK,
                   spec.config_cls(**cfg))
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
@@ -160,7 +162,7 @@ def test_m2po_masks_the_largest_log_ratio_until_the_second_moment_fits():
     log_r = torch.tensor([[0.5, 0.1, -0.1, 0.05]], dtype=torch.float64)
     logp = torch.tensor([[-1.0, -2.0, -0.5, -0.3]], dtype=torch.float64, requires_grad=True)
     spec = get_loss("m2po")
-    out = spec.fn(logp, logp.detach() - log_r, torch.ones(1, dtype=torch.float64), torch.ones(1, 4, dtype=torch.bool),
+    out = call_loss(spec, logp, logp.detach() - log_r, torch.ones(1, dtype=torch.float64), torch.ones(1, 4, dtype=torch.bool),
                   spec.config_cls())
     (grad,) = torch.autograd.grad(out.loss, logp)
     assert out.loss.item() == pytest.approx(-0.7653198581219078, rel=1e-12)
@@ -177,10 +179,10 @@ def test_geo_mask_drops_a_sequence_outside_the_band():
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
     rollout = logp.detach() - torch.tensor([[0.03, -0.01, 0.01]], dtype=torch.float64)
     spec, adv = get_loss("reinforce"), torch.ones(1, dtype=torch.float64)
-    masked = spec.fn(logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
+    masked = call_loss(spec, logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
         "mode": "geo_mask"}), rollout_logp=rollout)
     assert masked.loss.item() == 0.0 and masked.metrics["rollout/masked_frac"].item() == 1.0
-    kept = spec.fn(logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
+    kept = call_loss(spec, logp, logp.detach(), adv, MASK, spec.config_cls(is_level="none", rollout_correction={
         "mode": "geo_mask", "geo_low": 0.98, "geo_high": 1.02}), rollout_logp=rollout)
     assert kept.loss.item() == pytest.approx(3.5 / 3, rel=1e-12)  # -A * sum(logp) / 3, unweighted
     assert kept.metrics["rollout/masked_frac"].item() == 0.0
@@ -188,7 +190,7 @@ def test_geo_mask_drops_a_sequence_outside_the_band():
     # phi = exp(3 + 2 log W - 3 W) = 3.6598232961604505e-15
     logp, old = three_tokens()
     vespo = get_loss("vespo")
-    out = vespo.fn(logp, old, adv, MASK, vespo.config_cls(rollout_correction={"mode": "geo_mask"}),
+    out = call_loss(vespo, logp, old, adv, MASK, vespo.config_cls(rollout_correction={"mode": "geo_mask"}),
                    rollout_logp=old - torch.tensor([[0.03, -0.01, 0.01]], dtype=torch.float64))
     assert out.metrics["vespo/phi_pos_max"].item() == pytest.approx(3.6598232961604505e-15, rel=1e-9)
 

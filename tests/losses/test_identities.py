@@ -7,7 +7,7 @@ import torch
 
 from vespo.losses import AGG_MODES, gamma_phi, get_loss, loss_names
 
-from .batches import make_batch, to_lists
+from .batches import call_loss, make_batch, to_lists
 from .reference import reference_loss
 
 
@@ -15,7 +15,7 @@ def grad_of(name, batch, normalizer=None, **cfg):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
     spec = get_loss(name)
-    out = spec.fn(logp, cfg=spec.config_cls(**cfg), normalizer=normalizer, **args)
+    out = call_loss(spec, logp, cfg=spec.config_cls(**cfg), normalizer=normalizer, **args)
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
 

@@ -7,7 +7,7 @@ import torch
 
 from vespo.losses import RolloutCorrection, aggregate, get_loss, loss_names, sequence_log_weight
 
-from .batches import make_batch
+from .batches import call_loss, make_batch
 
 
 def call(name, batch, dtype=None, **cfg):
@@ -15,7 +15,7 @@ def call(name, batch, dtype=None, **cfg):
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
     logp = batch["logp"].clone().requires_grad_(True)
     spec = get_loss(name)
-    out = spec.fn(logp, cfg=spec.config_cls(**cfg), **{k: v for k, v in batch.items() if k != "logp"})
+    out = call_loss(spec, logp, cfg=spec.config_cls(**cfg), **{k: v for k, v in batch.items() if k != "logp"})
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
 
@@ -53,7 +53,7 @@ def test_garbage_in_padding_and_empty_rows_are_fine(name, pad):
 def test_zero_length_and_all_masked_batches(name, shape):
     logp = torch.zeros(shape, requires_grad=True)
     spec = get_loss(name)
-    out = spec.fn(logp, torch.zeros(shape), torch.zeros(shape[:1]), torch.zeros(shape, dtype=torch.bool),
+    out = call_loss(spec, logp, torch.zeros(shape), torch.zeros(shape[:1]), torch.zeros(shape, dtype=torch.bool),
                   spec.config_cls())
     (grad,) = torch.autograd.grad(out.loss, logp)
     assert out.loss.item() == 0.0 and (grad == 0).all()

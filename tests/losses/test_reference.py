@@ -11,7 +11,7 @@ import torch
 
 from vespo.losses import AGG_MODES, get_loss, loss_names
 
-from .batches import make_batch, to_lists
+from .batches import call_loss, make_batch, to_lists
 from .reference import geo_kept, m2po_kept, reference_loss
 
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
@@ -34,7 +34,7 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
 def run_both(name, batch, cfg, normalizer=None):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
-    out = get_loss(name).fn(logp, cfg=cfg, normalizer=normalizer, **args)
+    out = call_loss(get_loss(name), logp, cfg=cfg, normalizer=normalizer, **args)
     (grad,) = torch.autograd.grad(out.loss, logp)
     ref_loss, ref_grad = reference_loss(name, cfg=cfg, normalizer=normalizer, **to_lists(batch))
     return out.loss, grad, torch.tensor(ref_loss, dtype=torch.float64), torch.tensor(ref_grad, dtype=torch.float64)
@@ -100,7 +100,7 @@ def test_trust_regions_bind_in_the_reference_batches(name, overrides, metric):
     fractions = []
     for seed, token_adv in itertools.product(range(2), (False, True)):
         batch = make_batch(scale=1.0, seed=seed, token_adv=token_adv)
-        out = get_loss(name).fn(cfg=get_loss(name).config_cls(**overrides), **batch)
+        out = call_loss(get_loss(name), cfg=get_loss(name).config_cls(**overrides), **batch)
         fractions.append(out.metrics[metric].item())
     assert 0 < max(fractions) and min(fractions) < 1
 

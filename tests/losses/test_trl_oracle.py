@@ -15,7 +15,7 @@ import torch
 
 from vespo.losses import get_loss
 
-from .batches import make_batch
+from .batches import call_loss, make_batch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (pip install vespo[trl])")
 GRPOTrainer = trl_grpo.GRPOTrainer
@@ -24,7 +24,7 @@ GRPOTrainer = trl_grpo.GRPOTrainer
 def our_grad(name, batch, **cfg):
     logp = batch["logp"].clone().requires_grad_(True)
     spec = get_loss(name)
-    out = spec.fn(logp, batch["old_logp"], batch["advantages"], batch["mask"], spec.config_cls(**cfg))
+    out = call_loss(spec, logp, batch["old_logp"], batch["advantages"], batch["mask"], spec.config_cls(**cfg))
     (grad,) = torch.autograd.grad(out.loss, logp)
     return out, grad
 
@@ -107,7 +107,7 @@ def test_vespo_phi_with_rollout_correction_matches_trl_get_gamma_weights(mode):
     spec = get_loss("vespo")
     cfg = spec.config_cls(agg="seq-mean-token-sum", rollout_correction={"mode": mode, "threshold": 1.5})
     logp = batch["logp"].clone().requires_grad_(True)
-    out = spec.fn(logp, batch["old_logp"], adv, mask, cfg, rollout_logp=batch["rollout_logp"])
+    out = call_loss(spec, logp, batch["old_logp"], adv, mask, cfg, rollout_logp=batch["rollout_logp"])
     (grad,) = torch.autograd.grad(out.loss, logp)
     our_phi = -grad[:, :1] * (mask.sum(-1) > 0).sum() / adv[:, None]
     valid = mask[:, 0]

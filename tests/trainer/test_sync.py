@@ -85,9 +85,9 @@ def _nan_loss_spec():
     base = get_loss("vespo")
     calls = {"n": 0}
 
-    def fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
+    def fn(x, cfg, normalizer=None):
         calls["n"] += 1
-        out = base.fn(logp, old_logp, advantages, mask, cfg, normalizer=normalizer, rollout_logp=rollout_logp)
+        out = base.fn(x, cfg, normalizer)
         if calls["n"] in (3, 4):
             out.loss = out.loss * float("nan")
         return out
@@ -121,8 +121,8 @@ def test_too_many_nonfinite_updates_stop_the_run(make_cfg):
             rollout_step(loop)
 
 
-def _nan_out(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
-    out = get_loss("vespo").fn(logp, old_logp, advantages, mask, cfg, normalizer=normalizer, rollout_logp=rollout_logp)
+def _nan_out(x, cfg, normalizer=None):
+    out = get_loss("vespo").fn(x, cfg, normalizer)
     out.loss = out.loss + float("inf")
     return out
 

@@ -57,7 +57,7 @@ import trl
 from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.losses import RolloutCorrection, concat_rows, get_loss, summarize
+from vespo.losses import RolloutCorrection, concat_rows, get_loss, prepare_inputs, summarize
 from vespo.metrics import reduce_metrics, to_floats
 
 SUPPORTED_TRL = (1, 16)  # (major, minor) this hook is written and tested against
@@ -99,15 +99,9 @@ class VespoGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         old_logp = inputs.get("old_per_token_logps")
         old_logp = logp.detach() if old_logp is None else old_logp  # [B, T]
-        out = self.vespo_spec.fn(
-            logp,
-            old_logp,
-            inputs["advantages"],
-            mask.to(logp.dtype),
-            self._loss_config(inputs),
-            normalizer=self._normalizer(mode, inputs, logp.shape[0]),
-            rollout_logp=_sampler_logp(old_logp, inputs.get("sampling_per_token_logps")),
-        )
+        x = prepare_inputs(logp, old_logp, inputs["advantages"], mask.to(logp.dtype),
+                           rollout_logp=_sampler_logp(old_logp, inputs.get("sampling_per_token_logps")))
+        out = self.vespo_spec.fn(x, self._loss_config(inputs), normalizer=self._normalizer(mode, inputs, logp.shape[0]))
         loss = out.loss
         if aux_loss is not None:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0

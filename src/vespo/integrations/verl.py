@@ -46,7 +46,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
-from vespo.losses import Rows, concat_rows, get_loss, loss_names, summarize
+from vespo.losses import Rows, concat_rows, get_loss, loss_names, prepare_inputs, summarize
 from vespo.losses.rollout_correction import RolloutCorrection
 
 # verl's loss_agg_mode -> the vespo aggregation that computes it (with the normalizer below)
@@ -96,15 +96,8 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
             rollout_logp = rollout_log_probs(old_log_prob, rollout_is_weights, mask, rollout_is, registered)
             if cfg.rollout_correction.mode == "none":
                 cfg = dataclasses.replace(cfg, rollout_correction=PASS_THROUGH[rollout_is])
-        out = spec.fn(
-            log_prob,
-            old_log_prob,
-            advantages,
-            mask,
-            cfg,
-            normalizer=normalizer(loss_agg_mode, batch_info),
-            rollout_logp=rollout_logp,
-        )
+        x = prepare_inputs(log_prob, old_log_prob, advantages, mask, rollout_logp=rollout_logp)
+        out = spec.fn(x, cfg, normalizer=normalizer(loss_agg_mode, batch_info))
         loss = out.loss
         if loss_agg_mode == "seq-mean-token-sum-norm":
             loss = loss / (batch_info.get("loss_scale_factor") or mask.shape[-1])

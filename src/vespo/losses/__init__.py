@@ -1,16 +1,19 @@
 """Policy losses: VESPO and its baselines as pure functions, behind a registry.
 
-    from vespo.losses import get_loss
+    from vespo.losses import get_loss, prepare_inputs
     spec = get_loss("vespo")                       # LossSpec(name, fn, config_cls)
     cfg = spec.config_cls(k_pos=2.0)               # the loss's options, incl. agg and rollout_correction
-    out = spec.fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp=None)   # checked once, padding made 0
+    out = spec.fn(x, cfg, normalizer=None)         # every loss: fn(x: LossInputs, cfg, normalizer)
     out.loss                                       # [] scalar with grad
     out.rows                                       # per-row statistics [B]: concatenate over micro-batches
     out.metrics                                    # {"is/ess": tensor(...), "kl/k1": ...} = summarize(out.rows)
 
 Shapes: logp, old_logp, mask, rollout_logp [B, T]; advantages [B] or [B, T]. One file per loss, each
-plain autograd code that reads like its paper; shared pieces: inputs.py (checks), aggregation.py,
-rollout_correction.py, diagnostics.py (rows and metrics), kernel.py (VESPO's phi).
+plain autograd code that reads like its paper; a new loss is one more file that registers itself.
+Shared pieces: inputs.py (LossInputs, checks), base.py (config base, ``finish``: the rollout
+correction, aggregation and rows every loss ends with), aggregation.py, rollout_correction.py,
+diagnostics.py (rows and metrics), kernel.py (VESPO's phi).
 vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md); dppo.py and m2po.py are the
 newer trust regions (divergence mask, second-moment mask); step_size.py is VCPO's ESS-scaled step size,
 applied by the learner to any loss. docs/losses.md lists every loss with its equation and source.
@@ -24,6 +27,7 @@ from vespo.losses.diagnostics import Rows, concat_rows, summarize
 from vespo.losses.dppo import DppoConfig, dppo_loss
 from vespo.losses.grpo import GrpoConfig, grpo_loss
 from vespo.losses.gspo import GspoConfig, gspo_loss
+from vespo.losses.inputs import LossInputs, prepare_inputs
 from vespo.losses.m2po import M2poConfig, m2po_loss
 from vespo.losses.registry import LossSpec, get_loss, loss_names
 from vespo.losses.reinforce import ReinforceConfig, reinforce_loss
@@ -41,6 +45,7 @@ __all__ = [
     "DppoConfig",
     "GrpoConfig",
     "GspoConfig",
+    "LossInputs",
     "LossOutput",
     "LossSpec",
     "M2poConfig",
@@ -61,6 +66,7 @@ __all__ = [
     "gspo_loss",
     "loss_names",
     "m2po_loss",
+    "prepare_inputs",
     "reinforce_loss",
     "sapo_loss",
     "sequence_log_weight",

@@ -1,12 +1,14 @@
 """What every loss shares: its output type, the config base (aggregation, rollout correction), field
 checks, the sequence log-weight, and the last step of every loss (:func:`finish`).
 
-A loss is plain autograd code: from the inputs of :func:`vespo.losses.inputs.prepare_inputs` it builds
-the per-token loss l_it [B, T] as its paper writes it (gradient through logp only), and hands it to
-:func:`finish`, which aggregates it (``cfg.agg``, :mod:`vespo.losses.aggregation`) and adds the rows
-every loss reports (:mod:`vespo.losses.diagnostics`). Each loss also states its *gradient weight*
-w_it, the factor on REINFORCE's -A_it grad log pi_it in its gradient (VESPO: phi(W_i)); the
-per-row average of w is ``LossOutput.seq_weight`` (tests hold it equal to autograd's gradient).
+A loss is ``fn(x: LossInputs, cfg, normalizer=None) -> LossOutput``, plain autograd code: from the
+inputs the caller prepared once (:func:`vespo.losses.inputs.prepare_inputs`) it builds the per-token
+loss l_it [B, T] as its paper writes it (gradient through logp only), and hands it to :func:`finish`,
+which applies the rollout correction (the one place it is applied, but for VESPO, which adds it to
+log W), aggregates (``cfg.agg``, :mod:`vespo.losses.aggregation`) and adds the rows every loss reports
+(:mod:`vespo.losses.diagnostics`). Each loss also states its *gradient weight* w_it, the factor on
+REINFORCE's -A_it grad log pi_it in its gradient (VESPO: phi(W_i)); the per-row average of w is
+``LossOutput.seq_weight`` (tests hold it equal to autograd's gradient).
 """
 
 from __future__ import annotations
@@ -102,13 +104,20 @@ def finish(
     cfg: BaseLossConfig,
     normalizer: float | Tensor | None,
     rows: Rows | None = None,
+    corrected: bool = False,
 ) -> LossOutput:
-    """Aggregate the per-token loss ``loss_mat [B, T]`` by ``cfg.agg`` and add the shared rows.
+    """Correct, aggregate by ``cfg.agg`` and add the shared rows to the per-token loss ``loss_mat [B, T]``.
 
     ``grad_weight`` ([B, T] or [B, 1], detached) is the loss's gradient weight w_it (module docstring).
+    The rollout correction's detached weight (``cfg.rollout_correction``) multiplies both, unless the
+    loss applied the correction itself (``corrected``: VESPO adds its log to log W).
     """
+    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+    if correction is not None and not corrected:
+        loss_mat, grad_weight = loss_mat * correction, grad_weight * correction
     share = loss_mat * token_weights(x.mask_f, cfg.agg, normalizer)  # [B, T] each token's share of the loss
-    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **correction_rows(x, cfg), **(rows or {})}
+    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **correction_rows(correction, x),
+                **(rows or {})}
     return LossOutput(loss=share.sum(), rows=all_rows, seq_weight=sequence_weight(grad_weight, x))
 
 
@@ -122,9 +131,8 @@ def sequence_weight(grad_weight: Tensor, x: LossInputs) -> Tensor:
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan).to(x.logp.dtype)
 
 
-def correction_rows(x: LossInputs, cfg: BaseLossConfig) -> Rows:
-    """rollout_masked: per row, the valid tokens whose rollout-correction weight is 0 (mis_*, geo_mask)."""
-    weight = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
+def correction_rows(weight: Tensor | None, x: LossInputs) -> Rows:
+    """rollout_masked: per row, the valid tokens whose rollout-correction ``weight`` is 0 (mis_*, geo_mask)."""
     return {} if weight is None else {"rollout_masked": token_counts(weight == 0, x.mask_f)}
 
 

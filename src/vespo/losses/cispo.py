@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish
 from vespo.losses.diagnostics import token_counts
-from vespo.losses.inputs import prepare_inputs
+from vespo.losses.inputs import LossInputs
 from vespo.losses.registry import LossSpec, register
 
 
@@ -41,17 +41,8 @@ class CispoConfig(BaseLossConfig):
         check_range("eps_high", self.eps_high, 0.0, None)
 
 
-def cispo_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: CispoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def cispo_loss(x: LossInputs, cfg: CispoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-sg[clip(r)] * A * logp per token, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     low = None if cfg.eps_low is None else 1.0 - cfg.eps_low
     high = 1.0 + cfg.eps_high
     ratio = x.clamped_log_ratio.detach().exp()  # [B, T]
@@ -59,9 +50,6 @@ def cispo_loss(
     loss_mat = -weight * x.adv * x.logp
     rows = {"clip_high": token_counts(ratio > high, x.mask_f),
             "clip_low": token_counts(ratio < low if low is not None else torch.zeros_like(x.mask), x.mask_f)}
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 

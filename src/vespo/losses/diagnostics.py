@@ -46,6 +46,7 @@ import math
 import torch
 from torch import Tensor
 
+from vespo.losses.kernel import log_phi as kernel_log_phi
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN
 
 Rows = dict[str, Tensor]  # name -> [B] float64, detached; one entry per sequence
@@ -186,7 +187,7 @@ def _kernel_metrics(rows: Rows, valid: Tensor) -> dict[str, Tensor]:
         out[f"vespo/phi_{sign}_min"] = torch.where(some, _extreme(rows[f"phi_{sign}_min"], torch.amin), 0.0)
         out[f"vespo/phi_{sign}_max"] = torch.where(some, _extreme(rows[f"phi_{sign}_max"], torch.amax), 0.0)
         group = valid & (rows[f"in_{sign}"] > 0)  # [B]
-        log_phi = (rows[f"kernel_lambda_{sign}"].clamp(min=1e-4) * (1 - x.exp()) + rows[f"kernel_k_{sign}"] * x)
+        log_phi = kernel_log_phi(x, rows[f"kernel_k_{sign}"], rows[f"kernel_lambda_{sign}"])  # [B]
         out[f"vespo/eq_w_{sign}"] = self_normalized_mean(log_phi, x.exp(), group)
         phi = torch.where(group, log_phi.exp(), 0.0)
         out[f"vespo/phi_{sign}_sum"] = phi.sum().nan_to_num(nan=0.0, posinf=0.0)

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish, rollout_weight
+from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish
 from vespo.losses.diagnostics import token_counts
-from vespo.losses.inputs import prepare_inputs
+from vespo.losses.inputs import LossInputs
 from vespo.losses.registry import LossSpec, register
 
 DIVERGENCES: tuple[str, ...] = ("tv", "kl")
@@ -76,17 +76,8 @@ class DppoConfig(BaseLossConfig):
             check_range("ratio_cap", self.ratio_cap, 1.0, None)
 
 
-def dppo_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: DppoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def dppo_loss(x: LossInputs, cfg: DppoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-A * sg[min(r, C)] * logp on the tokens inside the trust region, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     high, low = outside_trust_region(x.logp, x.old_logp, cfg)  # [B, T] bool each
     outside = torch.where(x.adv > 0, high, low)  # [B, T]
     ratio = x.clamped_log_ratio.detach().exp()  # [B, T] r_t
@@ -97,9 +88,6 @@ def dppo_loss(
             "trust_mask_low": token_counts((x.adv < 0) & low, x.mask_f)}
     if cfg.ratio_cap is not None:
         rows["ratio_cap"] = token_counts(~outside & (ratio > cfg.ratio_cap), x.mask_f)
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 

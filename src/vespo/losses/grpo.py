@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish
 from vespo.losses.diagnostics import token_counts
-from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, prepare_inputs
+from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, LossInputs
 from vespo.losses.registry import LossSpec, register
 
 
@@ -40,32 +40,25 @@ class GrpoConfig(BaseLossConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("eps_low", self.eps_low, 0.0, None)
-        if self.eps_low >= 1.0:
-            raise ValueError(f"eps_low must be in [0, 1); got {self.eps_low!r}")
-        check_range("eps_high", self.eps_high, 0.0, None)
+        check_clip_range(self.eps_low, self.eps_high)
         if self.dual_clip_c is not None:
             check_range("dual_clip_c", self.dual_clip_c, 1.0, None, lo_open=True)
 
 
-def grpo_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: GrpoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def check_clip_range(eps_low: float, eps_high: float) -> None:
+    """The clip range [1 - eps_low, 1 + eps_high]: eps_low in [0, 1), eps_high >= 0; shared with GSPO."""
+    check_range("eps_low", eps_low, 0.0, None)
+    if eps_low >= 1.0:
+        raise ValueError(f"eps_low must be in [0, 1); got {eps_low!r}")
+    check_range("eps_high", eps_high, 0.0, None)
+
+
+def grpo_loss(x: LossInputs, cfg: GrpoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """The clipped surrogate max(-A r, -A clip(r)) per token (dual-clipped for A < 0), aggregated."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     ratio = x.clamped_log_ratio.exp()  # [B, T] r_t
     live = x.log_ratio.abs() <= TOKEN_LOG_RATIO_CLAMP  # [B, T] where the +-20 clamp lets the gradient through
     loss_mat, weight, rows = clipped_surrogate(ratio, live, x.adv, x.mask_f, cfg.eps_low, cfg.eps_high,
                                                cfg.dual_clip_c)
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
-from vespo.losses.grpo import clipped_surrogate
-from vespo.losses.inputs import prepare_inputs
+from vespo.losses.base import BaseLossConfig, LossOutput, finish
+from vespo.losses.grpo import check_clip_range, clipped_surrogate
+from vespo.losses.inputs import LossInputs
 from vespo.losses.registry import LossSpec, register
 
 LOG_S_MAX = 10.0  # the token-form log ratio is clamped at 10 (verl)
@@ -37,31 +37,16 @@ class GspoConfig(BaseLossConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("eps_low", self.eps_low, 0.0, None)
-        if self.eps_low >= 1.0:
-            raise ValueError(f"eps_low must be in [0, 1); got {self.eps_low!r}")
-        check_range("eps_high", self.eps_high, 0.0, None)
+        check_clip_range(self.eps_low, self.eps_high)
 
 
-def gspo_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: GspoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def gspo_loss(x: LossInputs, cfg: GspoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """The clipped surrogate on the sequence ratio s_i in its token form, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     log_s = (x.log_ratio.detach().sum(dim=-1) / x.tokens.clamp(min=1.0))[:, None]  # [B, 1] sg[log s_i]
     log_s_it = (log_s + x.logp - x.logp.detach()).clamp(max=LOG_S_MAX)  # [B, T] value log s_i, gradient grad logp
     live = log_s <= LOG_S_MAX  # [B, 1]
     loss_mat, weight, rows = clipped_surrogate(log_s_it.exp(), live, x.adv, x.mask_f, cfg.eps_low, cfg.eps_high,
                                                None)
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 

@@ -21,9 +21,14 @@ def kernel_phi(log_w: Tensor, adv: Tensor, k: Tensor, lam: Tensor) -> Tensor:
     """
     nonneg = adv >= 0
     k_ = torch.where(nonneg, k[0], k[1])  # [B, 1] or [B, T]
-    lam_ = torch.where(nonneg, lam[0], lam[1]).clamp(min=LAMBDA_MIN)
-    log_phi = lam_ + k_ * log_w - lam_ * log_w.exp()
-    return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    lam_ = torch.where(nonneg, lam[0], lam[1])
+    return log_phi(log_w, k_, lam_).exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def log_phi(log_w: Tensor, k: Tensor, lam: Tensor) -> Tensor:
+    """log phi = lam + k log W - lam W with lam clamped >= 1e-4; the arguments broadcast."""
+    lam = lam.clamp(min=LAMBDA_MIN)
+    return lam + k * log_w - lam * log_w.exp()
 
 
 def sign_log_phi(log_w: Tensor, k: Tensor, lam: Tensor) -> Tensor:
@@ -31,8 +36,7 @@ def sign_log_phi(log_w: Tensor, k: Tensor, lam: Tensor) -> Tensor:
 
     ``log_w [B]``; ``k, lam [2]`` (pos, neg).
     """
-    lam = lam.clamp(min=LAMBDA_MIN)[:, None]  # [2, 1]
-    return lam + k[:, None] * log_w[None, :] - lam * log_w.exp()[None, :]
+    return log_phi(log_w[None, :], k[:, None], lam[:, None])
 
 
 def sign_groups(adv: Tensor, mask: Tensor, seq_valid: Tensor) -> Tensor:

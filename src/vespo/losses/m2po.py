@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish
 from vespo.losses.diagnostics import token_counts
-from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, prepare_inputs
+from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, LossInputs
 from vespo.losses.registry import LossSpec, register
 
 
@@ -57,17 +57,8 @@ class M2poConfig(BaseLossConfig):
         check_range("m2_threshold", self.m2_threshold, 0.0, None, lo_open=True)
 
 
-def m2po_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: M2poConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def m2po_loss(x: LossInputs, cfg: M2poConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-M * r * A per token with M the second-moment mask of this call's tokens, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     m2 = x.log_ratio.detach().double().square()  # [B, T] (log r)^2, 0 on padding
     keep = second_moment_mask(m2, x.mask, cfg.m2_threshold)  # [B, T] bool
     ratio = x.clamped_log_ratio.exp()  # [B, T] r_t, carries the gradient
@@ -76,9 +67,6 @@ def m2po_loss(
     weight = torch.where(keep & live, ratio.detach(), 0.0)  # [B, T] w_t
     rows = {"m2_masked": token_counts(x.mask & ~keep, x.mask_f), "m2": m2.sum(dim=-1),
             "m2_kept": torch.where(keep, m2, 0.0).sum(dim=-1)}
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer, rows)
 
 

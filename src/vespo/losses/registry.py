@@ -1,4 +1,10 @@
-"""The loss registry: name -> LossSpec(name, fn, config_cls). Add a loss by adding a file that registers."""
+"""The loss registry: name -> LossSpec(name, fn, config_cls). Add a loss by adding a file that registers.
+
+A loss is ``fn(x: LossInputs, cfg, normalizer=None) -> LossOutput``: the checked inputs of
+:func:`vespo.losses.inputs.prepare_inputs` (prepared once, by the caller), the loss's own config and
+the aggregation's normalizer. A new loss is one module that defines its config (a subclass of
+``BaseLossConfig``) and its function, and calls ``register`` when imported.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ _REGISTRY: dict[str, LossSpec] = {}
 
 @dataclass(frozen=True)
 class LossSpec:
-    """A registered loss: ``fn(logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None)``.
+    """A registered loss: ``fn(x: LossInputs, cfg, normalizer=None) -> LossOutput``.
 
     ``per_row``: each row's loss and gradient depend on that row alone, so micro-batches with the whole
     mini-batch's normalizer sum to the mini-batch's gradient. False for a loss that reads a statistic of

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, finish, rollout_weight
-from vespo.losses.inputs import LossInputs, prepare_inputs
+from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, finish
+from vespo.losses.inputs import LossInputs
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX
 
@@ -34,22 +34,10 @@ class ReinforceConfig(BaseLossConfig):
         check_choice("is_level", self.is_level, IS_LEVELS)
 
 
-def reinforce_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: ReinforceConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def reinforce_loss(x: LossInputs, cfg: ReinforceConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """Policy gradient -sg[w] * A * logp, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     weight = importance_weight(x, cfg.is_level)  # [B, T], [B, 1] or a [B, 1] of ones
     loss_mat = -weight * x.adv * x.logp
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer)
 
 

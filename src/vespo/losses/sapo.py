@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish, rollout_weight
-from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, prepare_inputs
+from vespo.losses.base import BaseLossConfig, LossOutput, check_range, finish
+from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, LossInputs
 from vespo.losses.registry import LossSpec, register
 
 
@@ -39,17 +39,8 @@ class SapoConfig(BaseLossConfig):
         check_range("tau_neg", self.tau_neg, 0.0, None, lo_open=True)
 
 
-def sapo_loss(
-    logp: Tensor,  # [B, T] log pi_theta, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    cfg: SapoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T]
-) -> LossOutput:
+def sapo_loss(x: LossInputs, cfg: SapoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-sigmoid(tau (r - 1)) * 4 / tau * A per token, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     tau = torch.where(x.adv > 0, x.adv.new_tensor(cfg.tau_pos), x.adv.new_tensor(cfg.tau_neg))  # [B, 1] or [B, T]
     ratio = x.clamped_log_ratio.exp()  # [B, T]
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T] f_tau(r)
@@ -58,9 +49,6 @@ def sapo_loss(
         sig = torch.sigmoid(tau * (ratio.detach() - 1.0))
         live = x.log_ratio.detach().abs() <= TOKEN_LOG_RATIO_CLAMP
         weight = torch.where(live, 4.0 * sig * (1.0 - sig) * ratio.detach(), 0.0)  # [B, T]
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None:
-        loss_mat, weight = loss_mat * correction, weight * correction
     return finish(loss_mat, weight, x, cfg, normalizer)
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish
 from vespo.losses.diagnostics import kernel_rows
-from vespo.losses.inputs import LossInputs, prepare_inputs
+from vespo.losses.inputs import LossInputs
 from vespo.losses.kernel import kernel_phi
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
@@ -52,17 +52,8 @@ class VespoConfig(BaseLossConfig):
         check_choice("length_norm", self.length_norm, LENGTH_NORMS)
 
 
-def vespo_loss(
-    logp: Tensor,  # [B, T] log pi_theta of the sampled tokens, carries the gradient
-    old_logp: Tensor,  # [B, T] log mu, the behaviour policy
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T] 1 on response tokens
-    cfg: VespoConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,  # [B, T] the inference engine's log-probs (rollout correction)
-) -> LossOutput:
+def vespo_loss(x: LossInputs, cfg: VespoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-sg[phi(W)] * A * logp per token, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     log_w = vespo_log_weight(x, cfg)  # [B, 1]
     k, lam = fixed_shape(cfg, log_w)  # [2], [2]
     return kernel_loss(x, cfg, normalizer, log_w, k, lam)
@@ -76,7 +67,7 @@ def kernel_loss(
     phi = kernel_phi(log_w, x.adv, k, lam)  # [B, 1] or [B, T], detached
     loss_mat = -phi * x.adv * x.logp  # [B, T]
     shape_rows = kernel_rows(phi, x.adv, x.mask, log_w, k, lam)
-    return finish(loss_mat, phi, x, cfg, normalizer, {**shape_rows, **(rows or {})})
+    return finish(loss_mat, phi, x, cfg, normalizer, {**shape_rows, **(rows or {})}, corrected=True)
 
 
 @torch.no_grad()

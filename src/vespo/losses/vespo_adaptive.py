@@ -50,7 +50,7 @@ from torch import Tensor
 
 from vespo.losses.base import LossOutput, check_choice, check_range
 from vespo.losses.diagnostics import SIGN_NAMES, effective_sample_size, self_normalized_mean
-from vespo.losses.inputs import prepare_inputs
+from vespo.losses.inputs import LossInputs
 from vespo.losses.kernel import sign_groups, sign_log_phi
 from vespo.losses.registry import LossSpec, register
 from vespo.losses.vespo import VespoConfig, kernel_loss, vespo_log_weight
@@ -95,17 +95,8 @@ class VespoAdaptiveConfig(VespoConfig):
         check_range("ess_target", self.ess_target, 0.0, 1.0)
 
 
-def vespo_adaptive_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    cfg: VespoAdaptiveConfig,
-    normalizer: float | Tensor | None = None,
-    rollout_logp: Tensor | None = None,
-) -> LossOutput:
+def vespo_adaptive_loss(x: LossInputs, cfg: VespoAdaptiveConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """VESPO with the kernel shape per sign chosen by ``cfg.rule`` on this batch, aggregated by ``cfg.agg``."""
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
     log_w = vespo_log_weight(x, cfg)  # [B, 1]
     groups = sign_groups(x.adv, x.mask, x.seq_valid)  # [2, B]
     k, lam, metrics = adapt_shape(log_w[:, 0], groups, cfg)  # [2], [2] float64

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor, nn
 
-Rows = dict[str, Tensor]
+from vespo.losses.diagnostics import Rows
+
 TIMEOUT = timedelta(minutes=10)  # a collective that waits this long means a rank is gone
 
 

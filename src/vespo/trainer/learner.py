@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from vespo.config import OptimConfig
-from vespo.losses import concat_rows, ess_step_scale, get_loss, summarize
+from vespo.losses import concat_rows, ess_step_scale, get_loss, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
@@ -239,8 +239,9 @@ class Learner:
     def _loss(self, micro: TrainBatch, logp: Tensor, old_logp: Tensor, normalizer: float):
         """The loss of one micro-batch (on the learner's device) given its log-probs [b, T]."""
         correct = self.loss_cfg.rollout_correction.mode != "none"
-        return self.spec.fn(logp, old_logp, micro.advantages, micro.response_mask, self.loss_cfg,
-                            normalizer=normalizer, rollout_logp=micro.rollout_logp if correct else None)
+        x = prepare_inputs(logp, old_logp, micro.advantages, micro.response_mask,
+                           rollout_logp=micro.rollout_logp if correct else None)
+        return self.spec.fn(x, self.loss_cfg, normalizer)
 
     def _count_replay(self):
         """Counts the routed and forced positions of the training forwards (replay on an MoE only)."""

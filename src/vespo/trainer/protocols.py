@@ -21,10 +21,9 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from vespo.losses.diagnostics import Rows
 from vespo.rollout.base import SamplingParams
 from vespo.types import Problem, TrainBatch
-
-Rows = dict[str, Tensor]  # name -> [B] per-row statistics (vespo.losses.diagnostics, vespo.metrics)
 
 
 @dataclass(frozen=True)
