@@ -7,6 +7,7 @@ import pytest
 
 from vespo.losses import LossInputs, LossOutput
 from vespo.losses.base import BaseLossConfig, check_range, finish
+from vespo.losses import registry
 from vespo.losses.registry import LossSpec, get_loss, loss_names, register
 from vespo.metrics import read_jsonl
 from vespo.trainer import train
@@ -34,8 +35,13 @@ def scaled_reinforce_loss(x: LossInputs, cfg: ScaledReinforceConfig, normalizer=
     return finish(-weight * x.adv * x.logp, weight, x, cfg, normalizer)
 
 
-if NAME not in loss_names():  # the module may be imported twice (pytest's rewrite, xdist)
+@pytest.fixture
+def registered():
+    """The loss registered as its module would on import, and taken out again after the test (other tests in the
+    same process list the registry)."""
     register(LossSpec(NAME, scaled_reinforce_loss, ScaledReinforceConfig))
+    yield NAME
+    registry._REGISTRY.pop(NAME)
 
 
 def first_update(make_cfg, out, *overrides) -> dict:
@@ -44,10 +50,10 @@ def first_update(make_cfg, out, *overrides) -> dict:
     return read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")[0]
 
 
-def test_a_loss_registered_in_a_test_module_trains_by_name(make_cfg):
+def test_a_loss_registered_in_a_test_module_trains_by_name(make_cfg, registered):
     """The new loss trains one real step by name with its option; its gradient is exactly a quarter of plain
     REINFORCE's on the same samples (scaling by a power of two is exact in floating point)."""
-    assert get_loss(NAME).fn is scaled_reinforce_loss
+    assert NAME in loss_names() and get_loss(NAME).fn is scaled_reinforce_loss
     CALLS.clear()
     ours = first_update(make_cfg, "new", f"loss.name={NAME}", "loss.options={scale: 0.25}")
     assert CALLS == [0.25]  # one update, one loss call, with the option from the command line
