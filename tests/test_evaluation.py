@@ -122,11 +122,11 @@ def test_evaluate_checks_its_inputs():
 
 
 def test_evaluate_with_a_task_and_reference_completions():
-    task = get_task("countdown")
+    task = get_task("rg:countdown")  # a reasoning-gym verifier reading its ground truth's metadata
     problems = task.generate(6, seed=0)
     report = evaluate(lambda ps, n: [[task.reference_completion(p)] * n for p in ps], problems,
                       RewardScorer(task.reward, num_workers=0), default_k=2)
-    assert report.sources["countdown"].avg_at_k == 1.0 and report.sources["countdown"].pass_at_k == 1.0
+    assert report.sources["rg:countdown"].avg_at_k == 1.0 and report.sources["rg:countdown"].pass_at_k == 1.0
 
 
 def test_parse_assignments():

@@ -3,6 +3,8 @@
     vespo train   --config configs/demo.yaml loss.name=gspo staleness.n=32
     vespo kernels --out DIR          the effective coefficient of every loss vs W
     vespo eval    ...                avg@k / pass@k of a policy on a dataset or task
+    vespo model   list | get MODEL_PATH   the offline catalogue; a model's local Hugging Face directory
+    vespo task    list | export rg:NAME ...   the tasks; a reasoning-gym task's problems as parquet
     vespo plot    RUN_DIR...         reward, KL, grad-norm and length curves of runs
     vespo sweep   ...                the stability lab: a grid of runs
     vespo report  SWEEP_DIR          tables and figures of a sweep
@@ -25,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vespo.trainer.cli", "train a policy (sync or async) from a YAML config"),
     "kernels": ("vespo.kernels", "plot each loss's effective coefficient on grad log pi vs W"),
     "eval": ("vespo.eval_cli", "avg@k and pass@k of a policy on a dataset or task"),
+    "model": ("vespo.models.sources", "list the offline models, or produce a model.path's local directory"),
+    "task": ("vespo.tasks.cli", "list the tasks; write a reasoning-gym task as verl-style parquet"),
     "plot": ("vespo.plot", "draw the curves of one or more run directories"),
     "sweep": ("vespo.lab.sweep", "run a grid of experiments (losses x staleness x seeds)"),
     "report": ("vespo.lab.report", "write the table and figures of a sweep"),

@@ -36,7 +36,9 @@ def opt(default: Any, help: str, **rules: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    path: str | None = opt(None, "local Hugging Face model directory; None builds a tiny model from `arch`/`size`")
+    path: str | None = opt(None, "the policy to start from: a local Hugging Face directory, a Hub id (org/name), a "
+                           ".gguf file (dequantized; needs vespo[gguf]) or offline:NAME (`vespo model list`); None "
+                           "builds a tiny model from `arch`/`size`")
     arch: str = opt("qwen3", "tiny-model architecture", choices=["qwen3", "llama", "qwen3_moe"])
     size: str = opt("xs", "tiny-model size preset", choices=["nano", "xs", "s", "m"])
     dtype: str = opt("float32", "trainer precision", choices=["float32", "bfloat16"])
@@ -49,8 +51,10 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = opt("addition", "built-in task (see `vespo.tasks.task_names()`), used when `dataset` is None")
-    options: dict = opt({}, "keyword options of the built-in task, e.g. {digits: 2}")
+    name: str = opt("addition", "built-in task (see `vespo.tasks.task_names()`) or rg:NAME, any reasoning-gym "
+                    "dataset (`vespo task list`); used when `dataset` is None")
+    options: dict = opt({}, "keyword options of the task, e.g. {digits: 2}; for rg:NAME the dataset's own options "
+                        "plus chat (render with the chat template, default true), partial_credit, instruction")
     dataset: str | None = opt(None, "verl-style parquet/jsonl file of training prompts (overrides `name`)")
     reward: str | None = opt(None, "reward function as 'module:function'; None uses the task's exact reward")
     train_size: int = opt(20000, "number of built-in task problems generated for the training stream", ge=1)

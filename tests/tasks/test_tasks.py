@@ -7,19 +7,18 @@ import pytest
 
 from vespo.charset import unsupported_chars
 from vespo.tasks import get_task, task_names
-from vespo.tasks.countdown import evaluate_expression, solve
 from vespo.types import Problem
 
 ALL_TASKS = task_names()
 
 
 def test_registry_lists_every_family():
-    for name in ("addition", "subtraction", "multiplication", "countdown", "reverse", "sort", "reverse_long"):
+    for name in ("addition", "subtraction", "multiplication", "reverse", "sort", "reverse_long"):
         assert name in ALL_TASKS
 
 
 def test_unknown_task_names_the_choices():
-    with pytest.raises(ValueError, match="unknown task 'additon'; choose one of: addition, countdown"):
+    with pytest.raises(ValueError, match="unknown task 'additon'; choose one of: addition, multiplication"):
         get_task("additon")
 
 
@@ -29,7 +28,6 @@ def test_unknown_task_names_the_choices():
         ("addition", {"digits": 0}, r"digits must be an integer in \[1, 9\], got 0"),
         ("addition", {"digits": 2.5}, r"digits must be an integer in \[1, 9\]"),
         ("addition", {"size": 3}, r"no option 'size'; its options are: digits"),
-        ("countdown", {"num_numbers": 7}, r"num_numbers must be an integer in \[2, 5\]"),
         ("reverse", {"length": 5, "max_length": 3}, r"max_length must be an integer in \[5, 64\]"),
         ("reverse", {"alphabet": "greek"}, r"alphabet must be one of"),
         ("reverse_long", {"length": 4}, r"length must be an integer in \[16, 64\]"),
@@ -103,56 +101,6 @@ def test_arithmetic_ground_truth_is_the_true_result():
             a, b = p.extra_info["a"], p.extra_info["b"]
             assert p.ground_truth == str(op(a, b)) and int(p.ground_truth) >= 0
             assert 100 <= a <= 999 and 100 <= b <= 999
-
-
-COUNTDOWN_TRUTH = {"numbers": [3, 5, 8, 1], "target": 24}
-
-
-@pytest.mark.parametrize("completion", ["3*8*1", "3*8", "8*3", " 8 * ( 1 - ( 3 - 5 ) ) ", "8/(1/3)"])
-def test_countdown_accepts_any_valid_expression(completion):
-    # a subset of the numbers is fine; spaces inside are fine; 8/(1/3) = 8*3 = 24
-    assert get_task("countdown").reward(completion, COUNTDOWN_TRUTH) == 1.0
-
-
-@pytest.mark.parametrize(
-    "completion, why",
-    [
-        ("24", "24 is not a given number"),
-        ("3*8*1*1", "1 used twice"),
-        ("(5-1-1)*8", "1 used twice, right value"),
-        ("3+5+8+1", "value 17"),
-        ("8/(5-5)*3", "5 used twice and division by zero"),
-        ("8/(1-1)", "division by zero"),
-        ("-3*-8", "unary minus is not allowed"),
-        ("3*8*", "dangling operator"),
-        ("(3*8", "missing parenthesis"),
-        ("3*8)", "extra parenthesis"),
-        ("3**8", "power is not an operator"),
-        ("__import__('os')", "code is never evaluated"),
-        ("3*8 = 24", "trailing text"),
-        ("(" * 40 + "3" + ")" * 40, "nesting too deep"),
-    ],
-)
-def test_countdown_rejects_invalid_expressions(completion, why):
-    assert get_task("countdown").reward(completion, COUNTDOWN_TRUTH) == 0.0, why
-
-
-def test_countdown_uses_exact_rational_arithmetic():
-    # 8 / (3 - 8/3) = 8 / (1/3) = 24: only exact fractions reach the target
-    truth = {"numbers": [8, 3, 8, 3], "target": 24}
-    assert get_task("countdown").reward("8/(3-8/3)", truth) == 1.0
-    value, used = evaluate_expression("8/(3-8/3)")
-    assert value == 24 and used == [8, 3, 8, 3]
-
-
-def test_countdown_solver_and_bad_ground_truth():
-    assert solve([3, 5, 8, 1], 24) is not None
-    assert solve([1, 1], 5) is None
-    task = get_task("countdown")
-    problem = Problem(id="x", prompt="3 5 8 1>24:", ground_truth=COUNTDOWN_TRUTH)  # no stored solution
-    assert task.reward(task.reference_completion(problem), COUNTDOWN_TRUTH) == 1.0
-    with pytest.raises(ValueError, match="'numbers' and 'target'"):
-        task.reward("3*8", {"target": 24})
 
 
 def test_reverse_long_answers_are_16_to_32_characters():

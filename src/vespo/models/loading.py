@@ -1,7 +1,8 @@
-"""Build, load and save a policy: any local Hugging Face causal-LM directory plus its tokenizer.
+"""Build, load and save a policy: any Hugging Face causal LM plus its tokenizer.
 
-``build_model`` gives the policy a run starts from (a local directory, or a tiny model over the
-built-in character tokenizer). ``save_policy`` writes a standard Hugging Face directory
+``build_model`` gives the policy a run starts from (a local directory, a Hub id, a GGUF file or an
+offline catalogue model, resolved to a directory by ``vespo.models.sources``; or a tiny model over
+the built-in character tokenizer). ``save_policy`` writes a standard Hugging Face directory
 (``save_pretrained``: config.json, model.safetensors, tokenizer files) that
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` and vLLM load without vespo. ``load_policy``
 refuses a tokenizer without a pad token (it raises rather than guessing, since padding with EOS
@@ -43,9 +44,12 @@ def load_policy(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model (eval mode) and tokenizer from a local directory; errors name the path."""
+    """Model (eval mode) and tokenizer from any ``model.path`` form (a local directory, a Hub id, a .gguf
+    file, offline:NAME; see ``vespo.models.sources``); errors name the path."""
+    from vespo.models.sources import resolve_model_dir
+
     torch_dtype = resolve_dtype(dtype)
-    path = Path(path)
+    path = resolve_model_dir(path)
     if not path.is_dir():
         raise MissingPathError(f"policy path {str(path)!r} is not a directory; check the path (model.path or --model)")
     if not (path / "config.json").is_file():
@@ -62,7 +66,8 @@ def load_policy(
 
 
 def build_model(model_cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) a run starts from: the local directory ``model_cfg.path``, or a tiny model
+    """(model, tokenizer) a run starts from: ``model_cfg.path`` (a local directory, a Hub id, a .gguf file or
+    offline:NAME), or a tiny model
     of ``model_cfg.arch`` / ``size`` over the built-in character tokenizer (weights from ``seed``),
     in ``model_cfg.dtype``."""
     from vespo.models.tiny import tiny_model

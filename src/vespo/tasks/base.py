@@ -14,6 +14,8 @@ from typing import Any
 from vespo.charset import unsupported_chars
 from vespo.types import Problem
 
+HELD_OUT_SEED_OFFSET = 1_000_003  # a run's held-out problems are drawn with run.seed + this
+
 
 class Task(ABC):
     """A family of generated problems with an exact reward."""
@@ -56,6 +58,11 @@ class Task(ABC):
                         data_source=self.name, extra_info=extra)
             )
         return problems
+
+    def held_out(self, n: int, seed: int, train: list[Problem]) -> list[Problem]:
+        """``n`` held-out problems drawn with ``seed``. Built-in tasks draw them independently of ``train``
+        (their small problem spaces overlap it); a task whose space is large keeps them disjoint."""
+        return self.generate(n, seed)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())

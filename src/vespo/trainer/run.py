@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from vespo.config import Config, ConfigError
 from vespo.rewards import RewardScorer
 from vespo.rollout.base import SamplingParams
-from vespo.tasks.base import Task
+from vespo.tasks.base import HELD_OUT_SEED_OFFSET, Task
 from vespo.types import Problem
 
 
@@ -68,6 +68,7 @@ def build_run(cfg: Config, log=print) -> Run:
     if cfg.warmstart.enabled and task is not None and cfg.warmstart.steps > 0:
         ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
     check_routing_source(cfg, policy)
+    check_chat_template(cfg, task, tokenizer)
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats)
 
 
@@ -79,6 +80,14 @@ def check_routing_source(cfg: Config, policy: PreTrainedModel) -> None:
         raise ConfigError(f"rollout.router_replay=r3 needs the rollout engine's expert routing, which "
                           f"rollout.engine={cfg.rollout.engine} does not report; use rollout.engine=hf or "
                           "rollout.router_replay=r2 (sync mode), see docs/router_replay.md")
+
+
+def check_chat_template(cfg: Config, task: Task | None, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A task that renders its prompts with the model's chat template needs a tokenizer that has one."""
+    if getattr(task, "chat", False) and not getattr(tokenizer, "chat_template", None):
+        where = cfg.model.path or f"the tiny {cfg.model.arch} model's character tokenizer"
+        raise ConfigError(f"task {cfg.task.name} renders its prompts with the model's chat template, but the tokenizer "
+                          f"of {where} has none; use a chat model, or set task.options.chat=false for plain text")
 
 
 def build_policy(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -112,7 +121,7 @@ def build_data(cfg: Config) -> tuple[Task | None, list[Problem], list[Problem]]:
         return None, problems[n_eval:], problems[:n_eval]
     task = build_task(cfg)
     train = task.generate(t.train_size, seed=cfg.run.seed)
-    held_out = task.generate(t.eval_size, seed=cfg.run.seed + 1_000_003)
+    held_out = task.held_out(t.eval_size, seed=cfg.run.seed + HELD_OUT_SEED_OFFSET, train=train)
     return task, train, held_out
 
 
@@ -121,8 +130,9 @@ def build_sampling(cfg: Config, task: Task | None) -> SamplingParams:
     r = cfg.rollout
     max_new = r.max_new_tokens or (task.max_new_tokens if task is not None else 0)
     if max_new <= 0:
-        raise ConfigError("rollout.max_new_tokens must be set (> 0) when training on a dataset "
-                          f"({cfg.task.dataset}): e.g. rollout.max_new_tokens=1024")
+        what = f"a dataset ({cfg.task.dataset})" if cfg.task.dataset else f"task {cfg.task.name}"
+        raise ConfigError(f"rollout.max_new_tokens must be set (> 0) when training on {what}, whose answers have "
+                          "no fixed length: e.g. rollout.max_new_tokens=256")
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=max_new)
 
 
