@@ -71,6 +71,13 @@ def test_bad_config_values_name_the_field(tmp_path, override, names):
     assert_one_line(done, "train", *names)
 
 
+def test_a_correction_that_cannot_act_is_refused(tmp_path):
+    """mu = the engine's log-probs: GRPO's ratio already is pi/pi_rollout, so a truncation on top is refused."""
+    done = vespo("train", *FAST, "staleness.behavior=rollout", "loss.name=grpo",
+                 "loss.options={rollout_correction: {mode: tis_token}}", f"run.out_dir={tmp_path / 'r'}")
+    assert_one_line(done, "train", "loss.options", "tis_token", "cannot act with mu = the engine's log-probs")
+
+
 def test_a_bad_reward_import_path_names_the_path(tmp_path):
     done = vespo("train", *FAST, "task.reward=no_such_module_xyz:score", f"run.out_dir={tmp_path / 'r'}")
     assert_one_line(done, "train", "'no_such_module_xyz:score'", "cannot import module 'no_such_module_xyz'")

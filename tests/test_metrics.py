@@ -41,3 +41,20 @@ def test_count_keys():
     assert count_key("vespo/phi_neg_min") == "vespo/n_neg" and count_key("vespo/eq_w_pos") == "vespo/n_pos"
     assert count_key("is/ess") == "is/n_seq" and count_key("vespo/log_w_p90") == "is/n_seq"
     assert count_key("is/n_seq") is None and count_key("loss/total") is None and count_key("vespo/n_pos") is None
+
+
+def test_behavior_rows_select_padding_out():
+    """NaN / -inf on padding (an engine that does not score a position) reaches no mismatch statistic: the
+    rows equal those of the same batch with zeros there."""
+    from vespo.metrics import behavior_rows, summarize_behavior
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.float32)
+    rollout, train, entropy = (-torch.rand(2, 4, generator=g) for _ in range(3))
+    clean = behavior_rows(rollout * mask, train * mask, entropy * mask, mask)
+    for fill in (float("nan"), -float("inf")):
+        pad = mask == 0
+        rows = behavior_rows(rollout.masked_fill(pad, fill), train.masked_fill(pad, fill),
+                             entropy.masked_fill(pad, fill), mask)
+        assert all(torch.equal(rows[k], clean[k]) for k in clean), fill
+        assert all(math.isfinite(v) for v in summarize_behavior(rows).values())

@@ -89,8 +89,9 @@ class StalenessConfig:
                                  "fixed mini-batch (the paper's protocol); 0 splits rollout.prompts_per_step instead",
                                  ge=0)
     behavior: str = opt("auto", "behavior policy mu: recompute = the trainer's log-probs of the weights that sampled "
-                        "the batch (sync mode only), rollout = the engine's own log-probs, auto = recompute in "
-                        "sync mode and rollout in async mode", choices=["auto", "recompute", "rollout"])
+                        "the batch (sync mode only), rollout = the engine's own log-probs (verl's bypass mode: the "
+                        "rollout correction then acts on pi/pi_rollout), auto = recompute in sync mode and rollout "
+                        "in async mode", choices=["auto", "recompute", "rollout"])
     shuffle: bool = opt(True, "sync mode: deal a rollout batch's groups to its mini-batches in random order (async "
                         "mode draws each mini-batch straight from the shuffled prompt stream)")
 
@@ -106,7 +107,11 @@ class AdvantageConfig:
 @dataclass
 class LossConfig:
     name: str = opt("vespo", "policy loss (see `vespo.losses.loss_names()`)")
-    options: dict = opt({}, "options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}")
+    options: dict = opt({}, "options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}; "
+                        "rollout_correction: {mode: ...} acts on pi_old/pi_rollout with mu recomputed and, with "
+                        "mu = the engine's log-probs (behavior rollout), as its rejection part on pi/pi_rollout "
+                        "(tis_* refused there but for reinforce with is_level=none); opsm_delta masks A < 0 "
+                        "sequences whose mean log(mu/pi) > delta (docs/losses.md)")
 
 
 @dataclass
@@ -120,8 +125,11 @@ class OptimConfig:
     warmup_steps: int = opt(0, "linear warm-up optimizer steps", ge=0)
     micro_batch_size: int = opt(0, "sequences per forward/backward; 0 means the whole mini-batch", ge=0)
     ess_scaled_lr: bool = opt(False, "VCPO's step size: scale each optimizer step's lr by sqrt(ESS / B) of the "
-                              "mini-batch's sequence weights W = pi/mu, ESS = (sum W)^2 / sum W^2 (<= 1; 1 on "
-                              "policy), for that step only; works with every loss; logged as optim/ess_lr_scale")
+                              "mini-batch's sequence weights W (optim.ess_against), ESS = (sum W)^2 / sum W^2 (<= 1; "
+                              "1 on policy), for that step only; works with every loss; logged as optim/ess_lr_scale")
+    ess_against: str = opt("mu", "W of optim.ess_scaled_lr: mu = pi/mu, the loss's own ratio (exactly 1 at "
+                           "staleness.n=1 with mu recomputed); engine = pi/pi_rollout against the engine's log-probs, "
+                           "VCPO's (the same as mu when staleness.behavior=rollout)", choices=["mu", "engine"])
 
 
 @dataclass
@@ -376,7 +384,10 @@ def validate(cfg: Config) -> Config:
     bad = [x for x in cfg.run.loggers if x not in ("jsonl", "tensorboard", "wandb")]
     if bad:
         raise ConfigError(f"run.loggers has unknown sink(s) {bad}; choose from jsonl, tensorboard, wandb")
-    _validate_loss(cfg.loss)
+    _validate_loss(cfg.loss, bypass=cfg.behavior == "rollout")
+    if cfg.optim.ess_against == "engine" and not cfg.optim.ess_scaled_lr:
+        raise ConfigError("optim.ess_against=engine chooses the weights of optim.ess_scaled_lr, which is off; "
+                          "set optim.ess_scaled_lr=true or leave optim.ess_against=mu")
     return cfg
 
 
@@ -457,7 +468,8 @@ def _validate_section(node: Any, prefix: str) -> None:
                 raise ConfigError(f"{name} must be {text} {m[rule]}, got {value!r}")
 
 
-def _validate_loss(loss: LossConfig) -> None:
+def _validate_loss(loss: LossConfig, bypass: bool) -> None:
+    """The loss's own config builds; with mu = the engine's log-probs (``bypass``) its rollout correction can act."""
     from vespo.losses import get_loss
 
     try:
@@ -465,12 +477,15 @@ def _validate_loss(loss: LossConfig) -> None:
     except (KeyError, ValueError) as e:
         raise ConfigError(f"loss.name: {e}") from None
     try:
-        spec.config_cls(**loss.options)
+        loss_cfg = spec.config_cls(**loss.options)
     except TypeError as e:
         valid = [f.name for f in dataclasses.fields(spec.config_cls)]
         raise ConfigError(f"loss.options for {loss.name!r}: {e}; valid options: {valid}") from None
     except ValueError as e:
         raise ConfigError(f"loss.options for {loss.name!r}: {e}") from None
+    refusal = loss_cfg.bypass_refusal() if bypass else None
+    if refusal:
+        raise ConfigError(f"loss.options for {loss.name!r}: {refusal}")
 
 
 # ---------------------------------------------------------------- output
@@ -488,6 +503,18 @@ def to_dict(cfg: Any) -> dict:
     if isinstance(cfg, Config):
         out["rollout"]["prompts_per_step"], out["run"]["steps"] = cfg.prompts_per_step, cfg.steps
     return out
+
+
+def added_at_default(dotted: str, value: Any) -> bool:
+    """Whether ``value`` is the default of the field ``dotted`` (e.g. ``optim.ess_against``): a config written
+    before that field existed lacks it, and the default keeps what such a config meant, so the two are the same
+    condition (resume, and a sweep's archive, compare configs with this)."""
+    node: Any = to_dict(Config())
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node == value
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:

@@ -23,12 +23,6 @@ import torch
 from torch import Tensor
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of x over the positions where mask is set (0 when the mask is empty)."""
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
 # ---------------------------------------------------------------- step statistics as rows
 #
 # Like the losses' diagnostics (vespo.losses.diagnostics), the rollout and engine-mismatch
@@ -69,14 +63,20 @@ def summarize_rollout(rows: dict[str, Tensor]) -> dict[str, float]:
 def behavior_rows(rollout_logp: Tensor, train_logp: Tensor, entropy: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Per-row sums of the engine-vs-trainer gap on the same tokens (``[B, T]`` each) and of the entropy.
 
-    d = rollout_logp - train_logp (clamped to +-20) per valid token."""
-    m = mask.double()
-    rollout, train = rollout_logp.double() * m, train_logp.double() * m
-    d = ((rollout - train) * m).clamp(-20, 20)  # [B, T], 0 on padding
+    d = rollout_logp - train_logp (clamped to +-20) per valid token. Padding is selected out (``where``), so
+    whatever it holds (NaN, -inf) reaches no statistic."""
+    valid = mask != 0
+    m = valid.double()
+
+    def on_valid(x: Tensor) -> Tensor:  # [B, T] float64, 0 on padding
+        return torch.where(valid, x.double(), 0.0)
+
+    rollout, train = on_valid(rollout_logp), on_valid(train_logp)
+    d = (rollout - train).clamp(-20, 20)  # [B, T], 0 on padding
     return {"tokens": m.sum(dim=-1), "mm_k1": d.sum(dim=-1), "mm_k3": (torch.expm1(d) - d).sum(dim=-1),
             "mm_logp_rollout": rollout.sum(dim=-1), "mm_logp_train": train.sum(dim=-1),
             "mm_abs_max": d.abs().amax(dim=-1) if d.shape[-1] else m.new_zeros(m.shape[0]),
-            "entropy": (entropy.double() * m).sum(dim=-1)}
+            "entropy": on_valid(entropy).sum(dim=-1)}
 
 
 @torch.no_grad()

@@ -43,8 +43,10 @@ LOSSES: dict[str, tuple[str, str]] = {
     "m2po": ("M2PO", "#8c564b"),
     "cispo": ("CISPO", "#e377c2"),
     "reinforce": ("REINFORCE", "#7f7f7f"),
+    "prime_rl": ("prime-rl", "#b8860b"),
 }
-METHOD_PARTS = {"tis": "TIS", "geo": "geo mask", "r2": "R2", "r3": "R3", "fp32": "fp32 engine", "bf16": "bf16 engine"}
+METHOD_PARTS = {"tis": "TIS", "geo": "geo mask", "r2": "R2", "r3": "R3", "fp32": "fp32 engine", "bf16": "bf16 engine",
+                "opsm": "OPSM", "icepop": "IcePop", "bypass": "bypass"}
 FALLBACK_COLORS = ["#bcbd22", "#aec7e8", "#98df8a", "#ffbb78", "#f7b6d2", "#c49c94", "#dbdb8d", "#9edae5"]
 
 

@@ -50,7 +50,7 @@ def test_matches_float64_reference_with_verl_aggregation(result):
 
 
 def test_matches_vespo_losses_directly(result):
-    assert set(result["vespo_diff"]) == {"cispo", "dppo", "grpo", "gspo", "m2po", "reinforce", "sapo", "vespo",
+    assert set(result["vespo_diff"]) == {"cispo", "dppo", "grpo", "gspo", "m2po", "prime_rl", "reinforce", "sapo", "vespo",
                                          "vespo_adaptive"}
     assert max(result["vespo_diff"].values()) < 1e-12
 
@@ -85,6 +85,7 @@ def test_geo_mask_equals_verls_geo_rs(result):
     """vespo's geo_mask (band on pi_old / pi_rollout) keeps exactly the sequences verl's seq_mean_k1 rejection
     keeps (band on the inverse ratio), for verl's preset and an asymmetric band; the loss weighted by either
     mask is the same."""
+    assert result["geo_mask"].pop("extreme_row_kept") == {"verl": True, "vespo_default": False, "vespo_clamp20": True}
     for band, check in result["geo_mask"].items():
         assert check["mismatched"] == 0, (band, check)
         assert 0 < check["kept"] < check["sequences"], (band, check)
@@ -96,3 +97,17 @@ def test_every_logged_metric_is_the_mini_batchs_whatever_the_micro_batching(resu
     every actor/* metric the same to float rounding (is/ess, quantiles, E_Q[W], clip fractions...)."""
     for name, worst in result["micro_batching"].items():
         assert worst < 1e-9, (name, worst)
+
+
+def test_icepop_and_bypass_mode_equal_verls(result):
+    """IcePop's weights and a GRPO loss with them equal verl's; with mu = the engine's log-probs, vespo's
+    reinforce (is_level=none) with token TIS or IcePop and GRPO with geo_mask equal verl's bypass mode, and the
+    correction acted on those batches. verl's bypass PPO-clip with IcePop drops the IS weights (plain PPO), which
+    vespo's GRPO with no correction equals."""
+    r = result["icepop_bypass"]
+    assert r["icepop_weight_diff"] < 1e-12 and 0 < r["icepop_zeroed"] < r["tokens"]
+    assert r["decoupled_grpo_icepop_diff"] < 1e-12
+    for case in ("reinforce_tis", "reinforce_icepop", "ppo_clip_icepop", "ppo_clip_geo_rs"):
+        assert r[f"bypass_{case}_diff"] < 1e-12, case
+    for case in ("reinforce_tis", "reinforce_icepop", "ppo_clip_geo_rs"):
+        assert r[f"bypass_{case}_acted"] > 0, case

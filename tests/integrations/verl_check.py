@@ -16,6 +16,9 @@
 6. vespo's `geo_mask` rollout correction keeps exactly the sequences verl's Geo-RS rejection
    (`rollout_rs=seq_mean_k1`) keeps, and a GRPO loss with it equals verl's `vanilla` loss weighted by
    verl's mask.
+8. vespo's icepop equals verl's IcePop (rollout_is=token, "0.5_5.0") weight for weight and, on GRPO, loss for
+   loss; with mu = the engine's log-probs vespo equals verl's bypass mode (REINFORCE with token TIS or IcePop,
+   PPO-clip with Geo-RS; PPO-clip with IcePop is plain PPO in verl, whose IS weights are then metrics only).
 7. Every metric verl logs is the mini-batch's whatever the micro-batching: one mini-batch in one call and
    in four micro-batches, their metrics combined as verl combines them (`Metric` with MEAN over the
    calls that report a key, as `ppo_loss` wraps policy-loss metrics), give the same values.
@@ -281,6 +284,75 @@ def check_geo_mask() -> dict:
         valid = mask.any(-1)
         out[band] = {"mismatched": int((ours_keep != verl_keep)[valid].sum()), "kept": int(ours_keep[valid].sum()),
                      "sequences": int(valid.sum()), "loss_diff": diff(ours, theirs)}
+    # a row with token log-ratios +50 and -49: verl clamps each to +-20 before the mean (kept), SkyRL does not
+    # (mean 0.5: masked); vespo's geo_token_clamp=20 follows verl, its default SkyRL
+    log_ratio = torch.tensor([[50.0, -49.0]], dtype=torch.float64)  # log pi_old / pi_rollout
+    verl_mask, _ = compute_rollout_rejection_mask(log_ratio, torch.ones_like(log_ratio), "seq_mean_k1", "0.99_1.01")
+    kept = {"verl": bool(verl_mask.all())}
+    for name, clamp in (("vespo_default", None), ("vespo_clamp20", 20.0)):
+        rc = RolloutCorrection(mode="geo_mask", geo_low=1 / 1.01, geo_high=1 / 0.99, geo_token_clamp=clamp)
+        kept[name] = bool(geo_keep(-log_ratio, torch.ones_like(log_ratio), rc).all())
+    out["extreme_row_kept"] = kept
+    return out
+
+
+def verl_loss_config(rollout_correction: dict, B: int, tokens: int):
+    """The slice of verl's actor config its vanilla and bypass-mode losses read."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                             "policy_loss": {"rollout_correction": rollout_correction},
+                             "global_batch_info": {"dp_size": 1, "batch_num_tokens": tokens, "global_batch_size": B}})
+
+
+BYPASS_CASES = {  # verl's bypass-mode rollout_correction -> vespo's (loss, options) with mu = the engine's log-probs
+    "reinforce_tis": ({"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": 2.0},
+                      ("reinforce", {"is_level": "none", "rollout_correction": {"mode": "tis_token", "threshold": 2.0}})),
+    "reinforce_icepop": ({"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+                         ("reinforce", {"is_level": "none", "rollout_correction": {"mode": "icepop"}})),
+    "ppo_clip_icepop": ({"loss_type": "ppo_clip", "rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+                        None),  # verl: IS weights are metrics only, so this is plain PPO; vespo keeps the rejection
+    "ppo_clip_geo_rs": ({"loss_type": "ppo_clip", "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.2"},
+                        ("grpo", {"rollout_correction": {"mode": "geo_mask", "geo_low": 1 / 1.2, "geo_high": 1 / 0.9}})),
+}
+
+
+def check_icepop_and_bypass() -> dict:
+    """IcePop (verl's rollout_is=token with threshold "0.5_5.0"): its weights, and GRPO with it against verl's
+    `vanilla` weighted by them (mu recomputed); verl's bypass mode (`compute_policy_loss_bypass_mode`, old_log_prob
+    = the engine's) against vespo with mu = the engine's log-probs, loss and gradient, token-mean over the batch."""
+    from verl.trainer.ppo.core_algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    from vespo.losses import get_loss, prepare_inputs
+    from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
+
+    old, logp, adv, mask = moved_batch(70, B=32, T=9, spread=0.5)
+    g = torch.Generator().manual_seed(71)
+    rollout = old - 0.5 * torch.randn(old.shape, generator=g, dtype=old.dtype)  # [B, T] a large engine gap
+    mask_f, tokens = mask.to(old.dtype), int(mask.sum())
+    theirs_w, _ = compute_rollout_correction_weights(old - rollout, mask_f, "token", "0.5_5.0")
+    ours_w = correction_weight(torch.where(mask, rollout - old, 0.0), mask_f, RolloutCorrection(mode="icepop"))
+    out = {"icepop_weight_diff": float(((ours_w - theirs_w) * mask_f).abs().max()),
+           "icepop_zeroed": int(((theirs_w == 0) & mask).sum()), "tokens": tokens}
+    config = verl_loss_config({}, len(old), tokens)
+    loss, _ = get_policy_loss_fn("vanilla")(old, logp, adv, mask, "token-mean", config, theirs_w)
+    theirs = loss.detach(), torch.autograd.grad(loss, logp)[0]
+    spec = get_loss("grpo")
+    x = prepare_inputs(logp, old, adv, mask, rollout_logp=rollout)
+    mine = spec.fn(x, spec.config_cls(rollout_correction={"mode": "icepop"}), normalizer=tokens)
+    out["decoupled_grpo_icepop_diff"] = diff((mine.loss.detach(), torch.autograd.grad(mine.loss, logp)[0]), theirs)
+    for case, (verl_rc, ours) in BYPASS_CASES.items():
+        config = verl_loss_config(verl_rc, len(old), tokens)
+        loss, _ = compute_policy_loss_bypass_mode(rollout, logp, adv, mask, "token-mean", config)
+        theirs = loss.detach(), torch.autograd.grad(loss, logp)[0]
+        name, options = ours or ("grpo", {})
+        spec = get_loss(name)
+        mine = spec.fn(prepare_inputs(logp, rollout, adv, mask, bypass=True), spec.config_cls(**options),
+                       normalizer=tokens)
+        out[f"bypass_{case}_diff"] = diff((mine.loss.detach(), torch.autograd.grad(mine.loss, logp)[0]), theirs)
+        out[f"bypass_{case}_acted"] = float(max(mine.metrics.get("rollout/masked_frac", 0.0),
+                                                mine.metrics.get("rollout/truncated_frac", 0.0)))
     return out
 
 
@@ -328,6 +400,7 @@ def main() -> None:
         "unknown_option_error": unknown_option_error(),
         "dppo": check_dppo(),
         "geo_mask": check_geo_mask(),
+        "icepop_bypass": check_icepop_and_bypass(),
         "micro_batching": check_micro_batching(config),
     }
     print(json.dumps(result))

@@ -76,7 +76,8 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
     points = shipped_points
     assert {stem for stem, _, _ in points} == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry",
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
-                                               "adaptive_failure", "endpoint"}
+                                               "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
+                                               "mismatch_peers"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -184,7 +185,8 @@ def test_bad_reference_or_cost_is_named(tmp_path, data, match):
 
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
-                "mismatch_dense", "staleness_short", "adaptive_failure", "quick"]
+                "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
+                "mismatch_peers"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vespo.losses import prepare_inputs
+from vespo.losses.aggregation import NORM_AGG
 
 
 def make_batch(B=6, T=7, scale=0.3, seed=0, dtype=torch.float64, token_adv=False, rollout=False, pad="nan"):
@@ -38,6 +39,13 @@ def to_lists(batch):
     return {k: v.tolist() for k, v in batch.items()}
 
 
-def call_loss(spec, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
-    """``spec.fn`` on the inputs prepared once by ``prepare_inputs``, as the trainer calls a loss."""
-    return spec.fn(prepare_inputs(logp, old_logp, advantages, mask, rollout_logp), cfg, normalizer)
+def call_loss(spec, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False):
+    """``spec.fn`` on the inputs prepared once by ``prepare_inputs``, as the trainer calls a loss. ``bypass``:
+    old_logp is the engine's log-probs (rollout_logp is then not passed)."""
+    x = prepare_inputs(logp, old_logp, advantages, mask, None if bypass else rollout_logp, bypass=bypass)
+    return spec.fn(x, cfg, normalizer)
+
+
+def agg_kwargs(agg, norm_length=9.0):
+    """Config options for aggregation mode ``agg``: seq-mean-token-sum-norm takes its constant length C too."""
+    return {"agg": agg, "norm_length": norm_length if agg == NORM_AGG else None}

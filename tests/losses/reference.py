@@ -7,6 +7,8 @@ Each reference walks the batch token by token in plain Python and returns the ag
 its ANALYTIC gradient dL/dlogp_it (worked out by hand below, not by autograd), so a test comparing
 it with vespo.losses checks both the forward formula and the backward pass. Inputs are nested
 lists: logp, old_logp, mask [B][T]; advantages [B] or [B][T]; rollout_logp [B][T] or None.
+OPSM from DeepSeek-V3.2 Eq. 9 (SPEC 7b), IcePop from verl's rollout_corr_helper, prime-rl's default loss and
+Dr.GRPO's seq-mean-token-sum-norm as SPEC 7b defines them; verl's bypass mode (SPEC 7b) for mu = the engine's.
 """
 
 from __future__ import annotations
@@ -19,21 +21,30 @@ LOG_W_MIN, LOG_W_MAX = math.log(1e-8), 20.0  # official clamp of VESPO's log W
 LOG_S_MAX = 10.0  # GSPO's token-form log ratio is clamped at 10
 
 
-def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None):
-    """(loss, grad[B][T]) of loss ``name`` under config ``cfg`` (read as plain attributes)."""
+def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False):
+    """(loss, grad[B][T]) of loss ``name`` under config ``cfg`` (read as plain attributes).
+
+    ``bypass``: old_logp is the engine's log-probs, so the rollout correction's ratio is pi_theta / pi_rollout
+    with pi_rollout = old_logp, and only its rejection part applies unless the loss has no ratio of its own
+    (reinforce with is_level=none). The correction and OPSM are detached: they scale value and gradient alike.
+    """
     B, T = len(logp), len(logp[0]) if logp else 0
     adv = [[_adv(advantages, i, t) for t in range(T)] for i in range(B)]
-    weight = _agg_weights(mask, cfg.agg, normalizer)
+    weight = _agg_weights(mask, cfg.agg, normalizer, getattr(cfg, "norm_length", None))
+    own_ratio = not (name == "reinforce" and cfg.is_level == "none")
+    source = SimpleNamespace(base=logp if bypass else old_logp, rollout=old_logp if bypass else rollout_logp,
+                             rejection_only=bypass and own_ratio)
     rc = cfg.rollout_correction
-    corr = _correction_weights(old_logp, rollout_logp, mask, rc) if not name.startswith("vespo") else None
-    per_token = TOKEN_FNS[name](logp, old_logp, adv, mask, cfg, rollout_logp)
+    corr = _correction_weights(source, mask, rc) if not name.startswith("vespo") else None
+    keep = _opsm_keep(logp, old_logp, adv, mask, getattr(cfg, "opsm_delta", None))
+    per_token = TOKEN_FNS[name](logp, old_logp, adv, mask, cfg, source)
     loss, grad = 0.0, [[0.0] * T for _ in range(B)]
     for i in range(B):
         for t in range(T):
             if not mask[i][t]:
                 continue
             value, dvalue = per_token[i][t]
-            scale = weight[i][t] * (1.0 if corr is None else corr[i][t])
+            scale = weight[i][t] * (1.0 if corr is None else corr[i][t]) * keep[i][t]
             loss += value * scale
             grad[i][t] = dvalue * scale
     return loss, grad
@@ -47,7 +58,7 @@ def _adv(advantages, i, t):
 # ---- aggregation: the weight of token (i, t) in the scalar loss -------------------------------------
 
 
-def _agg_weights(mask, mode, normalizer):
+def _agg_weights(mask, mode, normalizer, norm_length=None):
     lengths = [sum(1 for m in row if m) for row in mask]
     n_tokens = normalizer if normalizer is not None else max(sum(lengths), 1)
     n_seqs = normalizer if normalizer is not None else max(sum(1 for n in lengths if n > 0), 1)
@@ -57,61 +68,96 @@ def _agg_weights(mask, mode, normalizer):
             w = 1.0 / n_tokens
         elif mode == "seq-mean-token-mean":
             w = 1.0 / (max(n, 1) * n_seqs)
+        elif mode == "seq-mean-token-sum-norm":  # Dr.GRPO: sequences x a constant length C
+            w = 1.0 / (n_seqs * norm_length)
         else:  # seq-mean-token-sum
             w = 1.0 / n_seqs
         weights.append([w] * len(row))
     return weights
 
 
-# ---- rollout correction: rho = pi_old / pi_rollout -----------------------------------------------
+# ---- OPSM: keep unless A < 0 and the mean token log(mu / pi_theta) exceeds delta ------------------------
 
 
-def _correction_weights(old_logp, rollout_logp, mask, rc):
+def _opsm_keep(logp, old_logp, adv, mask, delta):
+    keep = []
+    for i, row in enumerate(mask):
+        d = [old_logp[i][t] - logp[i][t] for t in range(len(row)) if row[t]]
+        mean = sum(d) / len(d) if d else 0.0
+        keep.append([0.0 if delta is not None and adv[i][t] < 0 and mean > delta else 1.0 for t in range(len(row))])
+    return keep
+
+
+# ---- rollout correction: rho = pi_base / pi_rollout (pi_base = pi_old, or pi_theta in bypass mode) ------
+
+
+def _log_rhos(source, mask, i):
+    """log rho of each valid token of row i."""
+    return [source.base[i][t] - source.rollout[i][t] for t in range(len(mask[i])) if mask[i][t]]
+
+
+def _correction_weights(source, mask, rc):
     """Multiplicative per-token weight (losses other than VESPO)."""
-    B, T = len(old_logp), len(old_logp[0]) if old_logp else 0
+    B, T = len(mask), len(mask[0]) if mask else 0
     if rc.mode == "none":
         return None
     C = rc.threshold
     out = [[1.0] * T for _ in range(B)]
     for i in range(B):
         if rc.mode == "geo_mask":
-            out[i] = [1.0 if geo_kept(old_logp, rollout_logp, mask, rc, i) else 0.0] * T
+            out[i] = [1.0 if geo_kept(source, mask, rc, i) else 0.0] * T
             continue
-        log_rhos = [old_logp[i][t] - rollout_logp[i][t] if mask[i][t] else 0.0 for t in range(T)]
+        log_rhos = [source.base[i][t] - source.rollout[i][t] if mask[i][t] else 0.0 for t in range(T)]
         if rc.mode.endswith("_seq"):
             log_rhos = [sum(log_rhos)] * T
         for t in range(T):
+            if rc.mode == "icepop":
+                rho = math.exp(min(max(log_rhos[t], -20.0), 20.0))
+                inside = rc.icepop_low <= rho <= rc.icepop_high
+                out[i][t] = (1.0 if source.rejection_only else rho) if inside else 0.0
+                continue
             rho = math.exp(min(log_rhos[t], 700.0))
             if rc.mode.startswith("tis"):
+                assert not source.rejection_only, "tis_* in bypass mode is refused"
                 out[i][t] = min(rho, C)
             else:
-                out[i][t] = rho if rho <= C else 0.0
+                out[i][t] = (1.0 if source.rejection_only else rho) if rho <= C else 0.0
     return out
 
 
-def _correction_log_w(old_logp, rollout_logp, mask, rc, i):
+def _correction_log_w(source, mask, rc, i):
     """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight."""
     if rc.mode == "none":
         return 0.0
     if rc.mode == "geo_mask":  # a masked sequence adds log 1e-8
-        return 0.0 if geo_kept(old_logp, rollout_logp, mask, rc, i) else LOG_W_MIN
+        return 0.0 if geo_kept(source, mask, rc, i) else LOG_W_MIN
     log_c = math.log(rc.threshold)
-    log_rhos = [old_logp[i][t] - rollout_logp[i][t] for t in range(len(mask[i])) if mask[i][t]]
+    log_rhos = _log_rhos(source, mask, i)
     if rc.mode.endswith("_seq"):
         log_rhos = [sum(log_rhos)]
     total = 0.0
     for x in log_rhos:
-        if rc.mode.startswith("tis"):
+        if rc.mode == "icepop":
+            x = min(max(x, -20.0), 20.0)
+            x = (0.0 if source.rejection_only else x) if rc.icepop_low <= math.exp(x) <= rc.icepop_high else LOG_W_MIN
+        elif rc.mode.startswith("tis"):
+            assert not source.rejection_only, "tis_* in bypass mode is refused"
             x = min(x, log_c)
         elif x > log_c:  # mis: a masked weight is 0, i.e. log 1e-8 after the clamp
             x = LOG_W_MIN
+        elif source.rejection_only:  # mis in bypass mode: only the mask
+            x = 0.0
         total += min(max(x, LOG_W_MIN), LOG_W_MAX)
     return total
 
 
-def geo_kept(old_logp, rollout_logp, mask, rc, i):
-    """Geometric sequence masking: the geometric mean of pi_old / pi_rollout over the row in [geo_low, geo_high]."""
-    log_rhos = [old_logp[i][t] - rollout_logp[i][t] for t in range(len(mask[i])) if mask[i][t]]
+def geo_kept(source, mask, rc, i):
+    """Geometric sequence masking: the geometric mean of pi_base / pi_rollout over the row in [geo_low, geo_high];
+    each token's log-ratio clamped to +-geo_token_clamp first when that is set (verl)."""
+    log_rhos = _log_rhos(source, mask, i)
+    clamp = getattr(rc, "geo_token_clamp", None)
+    if clamp is not None:
+        log_rhos = [min(max(x, -clamp), clamp) for x in log_rhos]
     mean = sum(log_rhos) / len(log_rhos) if log_rhos else 0.0
     return math.log(rc.geo_low) <= mean <= math.log(rc.geo_high)
 
@@ -228,14 +274,15 @@ def dppo_outside(lp, olp, A, cfg):
 
 
 def _m2po(logp, old, adv, mask, cfg, rollout):
-    """-M r A with M the batch's second-moment mask; d/dlogp = -M A dr."""
+    """-M r A with M the batch's second-moment mask (and 0 beyond the +-20 clamp); d/dlogp = -M A dr."""
     kept = m2po_kept(logp, old, mask, cfg.m2_threshold)
     out = []
     for i, row in enumerate(logp):
         cells = []
         for t, lp in enumerate(row):
             r, dr = _ratio(lp, old[i][t])
-            M = 1.0 if (i, t) in kept else 0.0
+            beyond = abs(lp - old[i][t]) > TOKEN_CLAMP  # no gradient beyond the clamp, hence no value
+            M = 1.0 if (i, t) in kept and not beyond else 0.0
             cells.append((-M * r * adv[i][t], -M * adv[i][t] * dr))
         out.append(cells)
     return out
@@ -252,6 +299,22 @@ def m2po_kept(logp, old, mask, tau):
         if sum(m2[it] for it in rest) / len(rest) < tau:
             return set(rest)
     return set(ordered[-1:])
+
+
+def _prime_rl(logp, old, adv, mask, cfg, rollout):
+    """-keep A r + tau (log r)^2, r un-detached; d/dlogp = -keep A r + 2 tau log r. keep: inside prime-rl's
+    binary-TV region (p - q > delta_high masks A > 0, p - q < -delta_low masks A <= 0) and |log r| <= 20."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A, log_r = adv[i][t], lp - old[i][t]
+            dp = math.exp(lp) - math.exp(old[i][t])
+            outside = dp > cfg.delta_high if A > 0 else dp < -cfg.delta_low
+            pg = -A * math.exp(log_r) if not outside and abs(log_r) <= TOKEN_CLAMP else 0.0
+            cells.append((pg + cfg.kl_tau * log_r**2, pg + 2.0 * cfg.kl_tau * log_r))
+        out.append(cells)
+    return out
 
 
 def _vespo(logp, old, adv, mask, cfg, rollout):
@@ -272,7 +335,7 @@ def vespo_log_w(logp, old, mask, cfg, rollout, i):
     row = logp[i]
     n = sum(1 for m in mask[i] if m)
     log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
-    log_w += _correction_log_w(old, rollout, mask, cfg.rollout_correction, i)
+    log_w += _correction_log_w(rollout, mask, cfg.rollout_correction, i)
     log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
     return min(max(log_w, LOG_W_MIN), LOG_W_MAX)
 
@@ -376,6 +439,7 @@ TOKEN_FNS = {
     "cispo": _cispo,
     "dppo": _dppo,
     "m2po": _m2po,
+    "prime_rl": _prime_rl,
     "vespo": _vespo,
     "vespo_adaptive": _vespo_adaptive,
 }

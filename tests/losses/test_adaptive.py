@@ -4,6 +4,7 @@ reference; equal to `vespo` where it must be; its rules' conditions hold on the 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from vespo.losses import AGG_MODES, get_loss
 from vespo.losses.vespo_adaptive import VespoAdaptiveConfig, adapt_shape
 
-from .batches import call_loss, make_batch, to_lists
+from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import adaptive_shape, eq_w, ess
 
 ADAPTIVE = get_loss("vespo_adaptive")
@@ -133,7 +134,9 @@ def test_chosen_shape_matches_reference(rule, token_adv):
             batch = make_batch(B=10, T=6, seed=seed, scale=scale, token_adv=token_adv, rollout=True)
             cfg = VespoAdaptiveConfig(rule=rule, ess_target=0.9, rollout_correction={"mode": "tis_token"})
             out, _ = run("vespo_adaptive", batch, cfg)
-            ref = adaptive_shape(cfg=cfg, rollout=batch["rollout_logp"].tolist(),
+            source = SimpleNamespace(base=batch["old_logp"].tolist(), rollout=batch["rollout_logp"].tolist(),
+                                     rejection_only=False)
+            ref = adaptive_shape(cfg=cfg, rollout=source,
                                  **{k: v for k, v in to_lists(batch).items() if k in ("logp", "mask")},
                                  old=batch["old_logp"].tolist(), adv=_token_adv(batch))
             ours = chosen(out.metrics)
@@ -173,7 +176,7 @@ def test_on_policy_equals_vespo_exactly(rule, agg, token_adv, dtype):
     batch = make_batch(B=9, T=6, seed=23, token_adv=token_adv)
     batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
     batch["old_logp"] = batch["logp"].clone()
-    cfg = {"agg": agg, "length_norm": "sqrt"}
+    cfg = {**agg_kwargs(agg), "length_norm": "sqrt"}
     out, grad = run("vespo_adaptive", batch, ADAPTIVE.config_cls(rule=rule, **cfg))
     ref, ref_grad = run("vespo", batch, VESPO.config_cls(**cfg))
     assert torch.equal(out.loss, ref.loss) and torch.equal(grad, ref_grad)
@@ -186,9 +189,9 @@ def test_ess_rule_with_target_zero_is_vespo(agg):
     for seed, scale in ((1, 0.3), (2, 3.0)):
         batch = make_batch(B=8, T=7, seed=seed, scale=scale, rollout=True)
         rc = {"mode": "tis_seq", "threshold": 1.5}
-        out, grad = run("vespo_adaptive", batch, ADAPTIVE.config_cls(rule="ess", ess_target=0.0, agg=agg,
+        out, grad = run("vespo_adaptive", batch, ADAPTIVE.config_cls(rule="ess", ess_target=0.0, **agg_kwargs(agg),
                                                                       rollout_correction=rc))
-        ref, ref_grad = run("vespo", batch, VESPO.config_cls(agg=agg, rollout_correction=rc))
+        ref, ref_grad = run("vespo", batch, VESPO.config_cls(**agg_kwargs(agg), rollout_correction=rc))
         assert torch.equal(out.loss, ref.loss) and torch.equal(grad, ref_grad)
 
 
@@ -248,7 +251,7 @@ def test_extreme_log_ratios_stay_finite(rows, adv, rule, agg, dtype):
     batch = {"logp": logp.to(dtype), "old_logp": (logp - ratio).to(dtype),
              "advantages": torch.tensor(adv[: len(rows)], dtype=dtype),
              "mask": torch.ones_like(ratio, dtype=torch.bool)}
-    out, grad = run("vespo_adaptive", batch, VespoAdaptiveConfig(rule=rule, agg=agg))
+    out, grad = run("vespo_adaptive", batch, VespoAdaptiveConfig(rule=rule, **agg_kwargs(agg)))
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
     assert all(torch.isfinite(v) for v in out.metrics.values())
 

@@ -203,3 +203,105 @@ def test_ess_step_scale_by_hand():
     assert ess_step_scale(rows).item() == pytest.approx(0.8944271909999159, rel=1e-12)
     rows["log_w"] = torch.full((3,), -2.5, dtype=torch.float64)
     assert ess_step_scale(rows).item() == pytest.approx(1.0, rel=1e-12)
+
+
+# ---- the field's 2026 methods: OPSM, IcePop, prime-rl's loss, Dr.GRPO's aggregation; bypass mode; edges
+
+
+def reinforce_none(logp, old, adv, **cfg):
+    """reinforce with is_level=none (-A * logp per token, token-mean over LOGP's 3 tokens) and its gradient."""
+    spec = get_loss("reinforce")
+    out = call_loss(spec, logp, old, torch.tensor([adv], dtype=torch.float64), MASK,
+                    spec.config_cls(is_level="none", **cfg.pop("options", {})), **cfg)
+    return out, torch.autograd.grad(out.loss, logp)[0]
+
+
+def test_opsm_masks_a_negative_sequence_whose_policy_moved_away_by_hand():
+    # log(mu / pi_theta) per token = 0.3, 0.1, -0.1: mean d = 0.1. A = -1 and delta = 0.05 < 0.1: masked (loss 0,
+    # no gradient, the tokens still count); delta = 0.2 >= 0.1: kept, reinforce's loss -A sum(logp) / 3 = -3.5 / 3;
+    # A = +1 is never masked: loss 3.5 / 3
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    old = logp.detach() + torch.tensor([[0.3, 0.1, -0.1]], dtype=torch.float64)
+    out, grad = reinforce_none(logp, old, -1.0, options={"opsm_delta": 0.05})
+    assert out.loss.item() == 0.0 and grad.abs().sum() == 0 and out.metrics["loss/opsm_mask_frac"].item() == 1.0
+    out, _ = reinforce_none(logp, old, -1.0, options={"opsm_delta": 0.2})
+    assert out.loss.item() == pytest.approx(-3.5 / 3, rel=1e-12) and out.metrics["loss/opsm_mask_frac"].item() == 0
+    out, _ = reinforce_none(logp, old, 1.0, options={"opsm_delta": 0.05})
+    assert out.loss.item() == pytest.approx(3.5 / 3, rel=1e-12)
+
+
+def test_icepop_zeroes_a_token_outside_the_band_by_hand():
+    # log(pi_old / pi_rollout) = 0.8, 0, -0.8: rho = 2.225540928492468, 1, 0.44932896411722156; band [0.5, 5]
+    # keeps the first two at their ratio and zeroes the third. reinforce without IS, A = +1:
+    # loss = -(2.225540928492468 * -1 + 1 * -2 + 0 * -0.5) / 3 = 1.4085136428308227; gradient -w / 3
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    rollout = logp.detach() - torch.tensor([[0.8, 0.0, -0.8]], dtype=torch.float64)
+    out, grad = reinforce_none(logp, logp.detach(), 1.0, options={"rollout_correction": {"mode": "icepop"}},
+                               rollout_logp=rollout)
+    assert out.loss.item() == pytest.approx(1.4085136428308227, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([-2.225540928492468 / 3, -1 / 3, 0.0], rel=1e-12)
+    assert out.metrics["rollout/masked_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_bypass_mode_weighs_by_pi_theta_over_pi_rollout_by_hand():
+    # mu = the engine's log-probs = logp - (0.5, 0.2, -0.9): rho = pi_theta / pi_rollout = e^0.5 = 1.6487212707001282,
+    # e^0.2 = 1.2214027581601699, e^-0.9 = 0.4065696597405991; tis_token (C = 2) truncates none of them.
+    # reinforce with is_level=none has no ratio of its own, so it takes the whole weight (verl's bypass REINFORCE):
+    # gradient -A w / 3 = -w / 3. With is_level=token the loss's own ratio is that weight: tis_token is refused
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    engine = logp.detach() - torch.tensor([[0.5, 0.2, -0.9]], dtype=torch.float64)
+    tis = {"rollout_correction": {"mode": "tis_token", "threshold": 2.0}}
+    out, grad = reinforce_none(logp, engine, 1.0, options=tis, bypass=True)
+    w = [math.exp(0.5), math.exp(0.2), math.exp(-0.9)]
+    assert grad.tolist()[0] == pytest.approx([-x / 3 for x in w], rel=1e-12)
+    spec = get_loss("reinforce")
+    with pytest.raises(ValueError, match="cannot act with mu = the engine's log-probs"):
+        call_loss(spec, logp, engine, torch.ones(1, dtype=torch.float64), MASK, spec.config_cls(**tis), bypass=True)
+
+
+def test_prime_rl_loss_by_hand():
+    # token 1: pi = 0.5, mu = 0.2: dp = 0.3 > 0.2 with A = +1, outside: only the penalty
+    #          l = 1e-3 (log 2.5)^2 = 8.395887053765e-4, d l / d logp = 2e-3 log 2.5 = 1.8325814637483e-3
+    # token 2: pi = 0.3, mu = 0.25: dp = 0.05, kept; r = 1.2: l = -1.2 + 1e-3 (log 1.2)^2 = -1.1999667583...,
+    #          d l / d logp = -1.2 + 2e-3 log 1.2 = -1.1996353568...
+    # token-mean over the 2 tokens: loss = (l1 + l2) / 2, gradient (d1, d2) / 2
+    logp = torch.tensor([[math.log(0.5), math.log(0.3)]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[math.log(0.2), math.log(0.25)]], dtype=torch.float64)
+    spec = get_loss("prime_rl")
+    out = call_loss(spec, logp, old, torch.ones(1, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool),
+                    spec.config_cls())
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    l1, l2 = 1e-3 * math.log(2.5) ** 2, -1.2 + 1e-3 * math.log(1.2) ** 2
+    assert out.loss.item() == pytest.approx((l1 + l2) / 2, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([1e-3 * math.log(2.5), (-1.2 + 2e-3 * math.log(1.2)) / 2], rel=1e-12)
+    assert out.metrics["loss/trust_mask_frac_high"].item() == 0.5
+
+
+def test_dr_grpo_aggregation_by_hand():
+    # token sums 1 + 2 + 3 = 6 and 4; two sequences and C = 4: (6 + 4) / (2 * 4) = 1.25, whatever the lengths
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=4.0).item() == pytest.approx(1.25)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", normalizer=5, norm_length=4.0).item() == pytest.approx(0.5)
+
+
+def test_geo_mask_token_clamp_follows_skyrl_or_verl_by_hand():
+    # log(pi_old / pi_rollout) = +50, -49: SkyRL's mean 0.5 leaves [0.99, 1.01] (masked); verl clamps each to +-20
+    # first: mean 0, kept
+    from vespo.losses.rollout_correction import RolloutCorrection, geo_keep
+
+    d = -torch.tensor([[50.0, -49.0]], dtype=torch.float64)  # rollout_logp - old_logp
+    ones = torch.ones(1, 2, dtype=torch.float64)
+    assert not geo_keep(d, ones, RolloutCorrection(mode="geo_mask")).item()
+    assert geo_keep(d, ones, RolloutCorrection(mode="geo_mask", geo_token_clamp=20.0)).item()
+
+
+def test_m2po_value_past_the_clamp_is_zero_like_its_gradient():
+    # one token at log r = +50 is all M2PO has, so it keeps it (never an empty loss); its ratio is clamped at e^20,
+    # so it has no gradient, and now no value either (it was -A e^20 = -4.85e8)
+    logp = torch.tensor([[-0.1]], dtype=torch.float64, requires_grad=True)
+    spec = get_loss("m2po")
+    out = call_loss(spec, logp, logp.detach() - 50.0, torch.ones(1, dtype=torch.float64),
+                    torch.ones(1, 1, dtype=torch.bool), spec.config_cls())
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert out.loss.item() == 0.0 and grad.item() == 0.0

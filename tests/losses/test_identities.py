@@ -7,7 +7,7 @@ import torch
 
 from vespo.losses import AGG_MODES, gamma_phi, get_loss, loss_names
 
-from .batches import call_loss, make_batch, to_lists
+from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import reference_loss
 
 
@@ -25,8 +25,8 @@ def grad_of(name, batch, normalizer=None, **cfg):
 def test_on_policy_gradient_equals_reinforce(name, agg):
     batch = make_batch(seed=11, token_adv=False)
     batch["old_logp"] = batch["logp"].clone()  # on-policy: logp == old_logp, so r = W = phi = 1
-    _, grad = grad_of(name, batch, agg=agg)
-    _, ref = grad_of("reinforce", batch, agg=agg, is_level="none")
+    _, grad = grad_of(name, batch, **agg_kwargs(agg))
+    _, ref = grad_of("reinforce", batch, **agg_kwargs(agg), is_level="none")
     assert ref.abs().max() > 0
     torch.testing.assert_close(grad, ref, rtol=1e-12, atol=1e-15)
 
@@ -56,12 +56,12 @@ def test_phi_of_one_is_one(k_pos, lambda_pos, k_neg, lambda_neg):
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_extra_masked_padding_changes_nothing(name, agg):
     batch = make_batch(seed=9, scale=0.5, rollout=True)
-    out, grad = grad_of(name, batch, agg=agg, rollout_correction={"mode": "tis_token"})
+    out, grad = grad_of(name, batch, **agg_kwargs(agg), rollout_correction={"mode": "tis_token"})
     padded = {k: torch.cat([v, torch.full((v.shape[0], 5), float("nan"), dtype=v.dtype)], dim=1)
               for k, v in batch.items() if k not in ("mask", "advantages")}
     padded["mask"] = torch.cat([batch["mask"], torch.zeros(batch["mask"].shape[0], 5, dtype=torch.bool)], 1)
     padded["advantages"] = batch["advantages"]
-    padded_out, padded_grad = grad_of(name, padded, agg=agg, rollout_correction={"mode": "tis_token"})
+    padded_out, padded_grad = grad_of(name, padded, **agg_kwargs(agg), rollout_correction={"mode": "tis_token"})
     torch.testing.assert_close(padded_out.loss, out.loss, rtol=1e-13, atol=0)
     torch.testing.assert_close(padded_grad[:, :-5], grad, rtol=1e-13, atol=0)
     assert padded_grad[:, -5:].abs().max() == 0
@@ -81,10 +81,10 @@ def test_micro_batches_sum_to_the_mini_batch_gradient(name, agg):
     batch = make_batch(B=8, seed=21, scale=0.3)
     mask = batch["mask"]
     count = mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()  # the whole mini-batch's count
-    _, full = grad_of(name, batch, normalizer=float(count), agg=agg)
-    _, unnormalized = grad_of(name, batch, agg=agg)  # the default normalizer is this batch's own count
+    _, full = grad_of(name, batch, normalizer=float(count), **agg_kwargs(agg))
+    _, unnormalized = grad_of(name, batch, **agg_kwargs(agg))  # the default normalizer is this batch's own count
     torch.testing.assert_close(unnormalized, full, rtol=1e-12, atol=1e-15)
-    parts = [grad_of(name, {k: v[rows] for k, v in batch.items()}, normalizer=float(count), agg=agg)[1]
+    parts = [grad_of(name, {k: v[rows] for k, v in batch.items()}, normalizer=float(count), **agg_kwargs(agg))[1]
              for rows in (slice(0, 3), slice(3, 4), slice(4, 8))]
     torch.testing.assert_close(torch.cat(parts), full, rtol=1e-12, atol=1e-15)
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from vespo.losses import AGG_MODES, ROLLOUT_CORRECTION_MODES, get_loss, loss_names
 
-from .batches import call_loss
+from .batches import agg_kwargs, call_loss
 
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 pad_values = st.sampled_from([float("nan"), float("inf"), -float("inf"), 0.0, 1e30])
@@ -38,7 +38,7 @@ def test_outputs_and_gradients_stay_finite(inputs, name, agg, rc_mode):
     logp, old_logp, rollout_logp, adv, mask = inputs
     logp = logp.requires_grad_(True)
     spec = get_loss(name)
-    cfg = spec.config_cls(agg=agg, rollout_correction={"mode": rc_mode})
+    cfg = spec.config_cls(**agg_kwargs(agg), rollout_correction={"mode": rc_mode})
     out = call_loss(spec, logp, old_logp, adv, mask, cfg, rollout_logp=rollout_logp)
     (grad,) = torch.autograd.grad(out.loss, logp)
     assert torch.isfinite(out.loss)

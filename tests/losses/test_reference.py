@@ -5,13 +5,15 @@ aggregation mode, sequence and token advantages, an external normalizer and roll
 from __future__ import annotations
 
 import itertools
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from vespo.losses import AGG_MODES, get_loss, loss_names
 
-from .batches import call_loss, make_batch, to_lists
+from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import geo_kept, m2po_kept, reference_loss
 
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
@@ -24,6 +26,7 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "dppo": [{}, {"divergence": "kl"}, {"delta_low": 0.05, "delta_high": 0.3, "ratio_cap": 2.0},
              {"divergence": "kl", "delta_low": 0.01, "delta_high": 0.2, "ratio_cap": 1.5}],
     "m2po": [{}, {"m2_threshold": 0.5}, {"m2_threshold": 5.0}],
+    "prime_rl": [{}, {"delta_low": 0.05, "delta_high": 0.3, "kl_tau": 0.1}],
     "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
     "vespo_adaptive": [{}, {"budget_pos": 1.3, "budget_neg": 0.8, "lambda_min": 1e-3, "lambda_max": 50.0},
                        {"rule": "ess"}, {"rule": "ess", "ess_target": 0.97, "scale_min": 0.01, "scale_max": 2.0},
@@ -31,17 +34,17 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
 }
 
 
-def run_both(name, batch, cfg, normalizer=None):
+def run_both(name, batch, cfg, normalizer=None, bypass=False):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
-    out = call_loss(get_loss(name), logp, cfg=cfg, normalizer=normalizer, **args)
+    out = call_loss(get_loss(name), logp, cfg=cfg, normalizer=normalizer, bypass=bypass, **args)
     (grad,) = torch.autograd.grad(out.loss, logp)
-    ref_loss, ref_grad = reference_loss(name, cfg=cfg, normalizer=normalizer, **to_lists(batch))
+    ref_loss, ref_grad = reference_loss(name, cfg=cfg, normalizer=normalizer, bypass=bypass, **to_lists(batch))
     return out.loss, grad, torch.tensor(ref_loss, dtype=torch.float64), torch.tensor(ref_grad, dtype=torch.float64)
 
 
-def assert_matches(name, batch, cfg, normalizer=None):
-    loss, grad, ref_loss, ref_grad = run_both(name, batch, cfg, normalizer)
+def assert_matches(name, batch, cfg, normalizer=None, bypass=False):
+    loss, grad, ref_loss, ref_grad = run_both(name, batch, cfg, normalizer, bypass)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
     assert grad.abs().sum() > 0 or ref_grad.abs().sum() == 0
@@ -60,13 +63,19 @@ def test_every_loss_matches_reference(name, scale):
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_every_aggregation_and_normalizer_matches_reference(name, agg):
     batch = make_batch(scale=0.3, seed=7)
-    cfg = get_loss(name).config_cls(agg=agg)
+    cfg = get_loss(name).config_cls(**agg_kwargs(agg))
     assert_matches(name, batch, cfg)
     assert_matches(name, batch, cfg, normalizer=13.0)
 
 
 CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "mis_token": {"threshold": 1.5},
-               "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15}}
+               "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15},
+               "geo_mask_verl": {"mode": "geo_mask", "geo_low": 0.85, "geo_high": 1.15, "geo_token_clamp": 0.3},
+               "icepop": {"icepop_low": 0.8, "icepop_high": 1.4}}
+
+
+def correction_config(name, mode, **options):
+    return get_loss(name).config_cls(rollout_correction={"mode": mode, **CORRECTIONS[mode]}, **options)
 
 
 @pytest.mark.parametrize("name", loss_names())
@@ -74,8 +83,37 @@ CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "
 def test_rollout_correction_matches_reference(name, mode):
     for seed in range(3):
         batch = make_batch(scale=0.2, seed=seed, rollout=True)
-        cfg = get_loss(name).config_cls(rollout_correction={"mode": mode, **CORRECTIONS[mode]})
-        assert_matches(name, batch, cfg)
+        assert_matches(name, batch, correction_config(name, mode))
+
+
+@pytest.mark.parametrize("name", loss_names())
+@pytest.mark.parametrize("mode", sorted(CORRECTIONS))
+def test_bypass_mode_correction_matches_reference(name, mode):
+    """mu = the engine's log-probs (verl's bypass mode): the correction's ratio is pi_theta / pi_rollout and, for a
+    loss with a ratio of its own, only its rejection part applies; a truncation there is refused."""
+    for seed in range(3):
+        batch = make_batch(scale=0.2, seed=seed)
+        for overrides in ([{}, {"is_level": "none"}] if name == "reinforce" else [{}]):
+            cfg = correction_config(name, mode, **overrides)
+            if cfg.bypass_refusal():
+                with pytest.raises(ValueError, match="cannot act with mu = the engine's log-probs"):
+                    run_both(name, batch, cfg, bypass=True)
+                continue
+            assert_matches(name, batch, cfg, bypass=True)
+
+
+@pytest.mark.parametrize("name", loss_names())
+@pytest.mark.parametrize("delta", [0.0, 0.1, 1e3])
+def test_opsm_matches_reference(name, delta):
+    """OPSM on every loss, with mu recomputed and in bypass mode, sequence and token advantages."""
+    options = {"eps_low": 0.2, "eps_high": 0.3} if name == "gspo" else {}  # GSPO's own 3e-4 leaves OPSM no room
+    if name == "gspo" and math.exp(-delta) <= 1 - options["eps_low"]:
+        with pytest.raises(ValueError, match="cannot change GSPO's update"):
+            get_loss(name).config_cls(opsm_delta=delta, **options)
+        return
+    for seed, token_adv, bypass in itertools.product(range(2), (False, True), (False, True)):
+        batch = make_batch(scale=0.3, seed=seed, token_adv=token_adv)
+        assert_matches(name, batch, get_loss(name).config_cls(opsm_delta=delta, **options), bypass=bypass)
 
 
 def test_geo_mask_band_splits_the_reference_batches():
@@ -84,7 +122,8 @@ def test_geo_mask_band_splits_the_reference_batches():
     for seed in range(3):
         batch = to_lists(make_batch(scale=0.2, seed=seed, rollout=True))
         rc = get_loss("grpo").config_cls(rollout_correction={"mode": "geo_mask", **CORRECTIONS["geo_mask"]})
-        kept += [geo_kept(batch["old_logp"], batch["rollout_logp"], batch["mask"], rc.rollout_correction, i)
+        source = SimpleNamespace(base=batch["old_logp"], rollout=batch["rollout_logp"])
+        kept += [geo_kept(source, batch["mask"], rc.rollout_correction, i)
                  for i in range(len(batch["mask"]) - 1)]  # the last row is empty
     assert 0 < sum(kept) < len(kept)
 

@@ -1,4 +1,5 @@
-"""A peer oracle: TRL's VESPO weights (GRPOTrainer.get_gamma_weights) and its SAPO and CISPO losses.
+"""A peer oracle: TRL's VESPO weights (GRPOTrainer.get_gamma_weights), its SAPO and CISPO losses, its OPSM
+(GRPOTrainer.get_off_policy_mask, and inside its GRPO loss) and its Dr.GRPO aggregation.
 
 SAPO and CISPO live inside GRPOTrainer._compute_loss, so the test runs that method on a trainer
 object built without __init__: only the model forward (which returns our log-probs) and the
@@ -49,7 +50,8 @@ def trl_loss(loss_type, batch, **args):
     logp = batch["logp"].clone().requires_grad_(True)
     mask = batch["mask"].double()
     trainer.__dict__.update(
-        loss_type=loss_type, top_entropy_quantile=1.0, off_policy_mask_threshold=None, beta=0.0,
+        loss_type=loss_type, top_entropy_quantile=1.0, off_policy_mask_threshold=args.get("opsm"), beta=0.0,
+        max_completion_length=args.get("max_completion_length"),
         importance_sampling_level="token", epsilon_low=args.get("epsilon_low", 0.2),
         epsilon_high=args.get("epsilon_high", 0.2), use_vllm=False, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, _metrics=defaultdict(lambda: defaultdict(list)),
@@ -112,3 +114,53 @@ def test_vespo_phi_with_rollout_correction_matches_trl_get_gamma_weights(mode):
     our_phi = -grad[:, :1] * (mask.sum(-1) > 0).sum() / adv[:, None]
     valid = mask[:, 0]
     torch.testing.assert_close(our_phi[valid], trl_phi[valid], rtol=1e-9, atol=1e-12)
+
+
+def our_loss(name, batch, **cfg):
+    logp = batch["logp"].clone().requires_grad_(True)
+    spec = get_loss(name)
+    out = call_loss(spec, logp, batch["old_logp"], batch["advantages"], batch["mask"], spec.config_cls(**cfg))
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    return out, grad
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.05, 0.5])
+@pytest.mark.parametrize("token_adv", [False, True])
+def test_opsm_mask_matches_trl_get_off_policy_mask(delta, token_adv):
+    """The mask itself: TRL's static method on (A, log pi_theta, log mu, mask) against vespo.losses.opsm."""
+    from vespo.losses.opsm import opsm_keep
+
+    masked = 0
+    for seed in range(4):
+        batch = make_batch(B=8, T=9, seed=40 + seed, scale=0.4, pad="zero", token_adv=token_adv)
+        mask, adv = batch["mask"], batch["advantages"]
+        adv2 = adv if token_adv else adv[:, None]
+        trl_keep = GRPOTrainer.get_off_policy_mask(adv2, batch["logp"], batch["old_logp"], mask.double(), delta)
+        log_ratio = torch.where(mask, batch["logp"] - batch["old_logp"], 0.0)
+        ours = opsm_keep(log_ratio, adv2, mask.double().sum(-1), delta)
+        assert torch.equal(ours.double().expand_as(mask)[mask], trl_keep.expand_as(mask)[mask])
+        masked += int((~ours.expand_as(mask))[mask].sum())
+    assert masked > 0 or delta == 0.5  # the comparison covers masked sequences
+
+
+@pytest.mark.parametrize("delta,scale", [(0.0, 0.1), (0.02, 0.1), (0.05, 0.5), (0.2, 0.5)])
+def test_grpo_with_opsm_matches_trl(delta, scale):
+    """TRL's GRPO loss (no dual clip, seq-mean-token-mean) with off_policy_mask_threshold = ours with opsm_delta."""
+    batch = make_batch(B=8, T=9, seed=44, scale=scale, pad="zero")
+    batch = {k: v[:-1] for k, v in batch.items()}  # TRL's seq mean counts empty rows; drop ours
+    ref_loss, ref_grad = trl_loss("grpo", batch, opsm=delta)
+    out, grad = our_loss("grpo", batch, agg="seq-mean-token-mean", dual_clip_c=None, opsm_delta=delta)
+    assert out.metrics["loss/opsm_mask_frac"] > 0
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.1, 0.5])
+def test_dr_grpo_aggregation_matches_trl(scale):
+    """seq-mean-token-sum-norm with C = TRL's max_completion_length equals TRL's dr_grpo."""
+    batch = make_batch(B=8, T=9, seed=45, scale=scale, pad="zero")
+    batch = {k: v[:-1] for k, v in batch.items()}  # TRL divides by all rows, empty ones too; drop ours
+    ref_loss, ref_grad = trl_loss("dr_grpo", batch, max_completion_length=12)
+    out, grad = our_loss("grpo", batch, agg="seq-mean-token-sum-norm", norm_length=12, dual_clip_c=None)
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)

@@ -68,3 +68,22 @@ def test_a_run_logs_the_scale_below_one_on_stale_steps(make_cfg):
     scales = [row["optim/ess_lr_scale"] for row in rows if "optim/ess_lr_scale" in row]
     assert len(scales) == cfg.run.steps  # one per rollout step: the mean over its 4 updates (lags 0..3)
     assert all(0 < s < 1 for s in scales)
+
+
+def test_at_n1_with_mu_recomputed_the_scale_is_one_and_the_run_says_so(make_cfg):
+    """W = pi/mu = 1 on every update: the scale cannot act, and one line says so; optim.ess_against=engine
+    measures W against a bfloat16 engine's log-probs instead, as VCPO does, and the scale acts."""
+    from vespo.trainer.run import ess_notice
+
+    scales = {}
+    for against in ("mu", "engine"):
+        cfg = make_cfg(*SIGNAL, "staleness.n=1", "rollout.engine_dtype=bfloat16", "optim.ess_scaled_lr=true",
+                       f"optim.ess_against={against}", out=against)
+        assert (ess_notice(cfg) is not None) == (against == "mu")
+        with sync_loop(cfg) as loop:
+            scales[against] = rollout_step(loop)["optim/ess_lr_scale"]
+    assert scales["mu"] == 1.0
+    assert 0 < scales["engine"] < 1
+    assert "optim.ess_scaled_lr scales every step by exactly 1" in ess_notice(make_cfg("staleness.n=1",
+                                                                                        "optim.ess_scaled_lr=true"))
+    assert ess_notice(make_cfg("staleness.n=2", "optim.ess_scaled_lr=true")) is None

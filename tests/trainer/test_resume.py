@@ -102,3 +102,24 @@ def test_sigkill_at_any_moment_then_resume_matches_an_uninterrupted_run(tmp_path
     assert final.keys() == expected.keys() and all((final[k] == expected[k]).all() for k in final)
     policy, policy_ref = load_file(out / "policy" / "model.safetensors"), load_file(reference / "policy" / "model.safetensors")
     assert all((policy[k] == policy_ref[k]).all() for k in policy_ref)
+
+
+def test_a_field_newer_than_the_run_at_its_default_is_the_same_config(tmp_path):
+    """A checkpoint written before optim.ess_against existed resumes under today's default (mu, what the run
+    did); the field set to another value is another config, refused."""
+    import json
+
+    from vespo.config import load_config, to_dict
+    from vespo.errors import ResumeError
+    from vespo.trainer.checkpoint import CONFIG_FILE, check_resume_config
+
+    now = to_dict(load_config(None, []))
+    old = json.loads(json.dumps(now))
+    del old["optim"]["ess_against"]
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(old))
+    check_resume_config(tmp_path, now)
+    changed = to_dict(load_config(None, ["optim.ess_scaled_lr=true", "optim.ess_against=engine"]))
+    old["optim"]["ess_scaled_lr"] = True
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(old))
+    with pytest.raises(ResumeError, match="optim.ess_against"):
+        check_resume_config(tmp_path, changed)

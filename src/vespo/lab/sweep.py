@@ -212,10 +212,15 @@ def _plain(value: object) -> object:
 
 
 def _first_difference(a: object, b: object, skip: set[str], at: str = "") -> tuple[str, object, object] | None:
-    """(dotted key, a's value, b's value) of the first place two configs differ, else None."""
+    """(dotted key, a's value, b's value) of the first place two configs differ, else None. A field ``a`` lacks
+    (written before the field existed) that ``b`` has at its default is no difference."""
+    from vespo.config import added_at_default
+
     if isinstance(a, dict) and isinstance(b, dict):
         for key in list(a) + [k for k in b if k not in a]:
             where = f"{at}.{key}" if at else str(key)
+            if key not in a and added_at_default(where, b[key]):
+                continue
             if where not in skip:
                 found = _first_difference(a.get(key), b.get(key), skip, where)
                 if found:

@@ -15,11 +15,14 @@ Shared pieces: inputs.py (LossInputs, checks), base.py (config base, ``finish``:
 correction, aggregation and rows every loss ends with), aggregation.py, rollout_correction.py,
 diagnostics.py (rows and metrics), kernel.py (VESPO's phi).
 vespo_adaptive.py picks VESPO's (k, lambda) per batch (docs/adaptive.md); dppo.py and m2po.py are the
-newer trust regions (divergence mask, second-moment mask); step_size.py is VCPO's ESS-scaled step size,
+newer trust regions (divergence mask, second-moment mask), prime_rl.py prime-rl's default loss, opsm.py
+DeepSeek-V3.2's off-policy sequence mask (an option of every loss); step_size.py is VCPO's ESS-scaled step size,
 applied by the learner to any loss. docs/losses.md lists every loss with its equation and source.
 """
 
-from vespo.losses import cispo, dppo, grpo, gspo, m2po, reinforce, sapo, vespo, vespo_adaptive  # noqa: F401  (register)
+from vespo.losses import (  # noqa: F401  (register)
+    cispo, dppo, grpo, gspo, m2po, prime_rl, reinforce, sapo, vespo, vespo_adaptive,
+)
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import BaseLossConfig, LossOutput, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss
@@ -29,6 +32,7 @@ from vespo.losses.grpo import GrpoConfig, grpo_loss
 from vespo.losses.gspo import GspoConfig, gspo_loss
 from vespo.losses.inputs import LossInputs, prepare_inputs
 from vespo.losses.m2po import M2poConfig, m2po_loss
+from vespo.losses.prime_rl import PrimeRlConfig, prime_rl_loss
 from vespo.losses.registry import LossSpec, get_loss, loss_names
 from vespo.losses.reinforce import ReinforceConfig, reinforce_loss
 from vespo.losses.rollout_correction import ROLLOUT_CORRECTION_MODES, RolloutCorrection
@@ -49,6 +53,7 @@ __all__ = [
     "LossOutput",
     "LossSpec",
     "M2poConfig",
+    "PrimeRlConfig",
     "ReinforceConfig",
     "Rows",
     "RolloutCorrection",
@@ -67,6 +72,7 @@ __all__ = [
     "loss_names",
     "m2po_loss",
     "prepare_inputs",
+    "prime_rl_loss",
     "reinforce_loss",
     "sapo_loss",
     "sequence_log_weight",

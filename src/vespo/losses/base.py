@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vespo.losses.aggregation import check_agg_mode, token_weights
+from vespo.losses.aggregation import NORM_AGG, check_agg_mode, token_weights
 from vespo.losses.diagnostics import Rows, base_rows, summarize, token_counts
 from vespo.losses.inputs import LossInputs
-from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
+from vespo.losses.opsm import opsm_keep
+from vespo.losses.rollout_correction import (BYPASS_TRUNCATION, TRUNCATING, RolloutCorrection,
+                                              correction_weight, truncated)
 
 
 @dataclass
@@ -45,10 +47,17 @@ class BaseLossConfig:
     """Options common to all losses. Subclasses set their own `agg` default."""
 
     agg: str = "token-mean"
-    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    """Aggregation mode: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm."""
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-    """Correction for pi_old vs the inference engine's pi_rollout (needs rollout_logp unless mode=none).
+    """Correction for the engine's pi_rollout (needs rollout_logp unless mode=none): of pi_old / pi_rollout
+    with mu recomputed, of pi_theta / pi_rollout (its rejection part) with mu = the engine's log-probs.
     A dict such as {"mode": "tis_token", "threshold": 2.0} is accepted and converted."""
+    opsm_delta: float | None = None
+    """OPSM (DeepSeek-V3.2): mask a sequence with A < 0 whose mean token log(mu / pi_theta) exceeds this;
+    None is off (TRL's default; its docs suggest 0.5, slime's default is 1e-4). See vespo.losses.opsm."""
+    norm_length: float | None = None
+    """C of agg=seq-mean-token-sum-norm (Dr.GRPO): the token sums are divided by (sequences x C); verl's
+    loss_scale_factor, TRL's max_completion_length. Required with that mode, refused with any other; > 0."""
 
     def __post_init__(self) -> None:
         check_agg_mode(self.agg)
@@ -59,6 +68,25 @@ class BaseLossConfig:
                 "rollout_correction must be a RolloutCorrection or a dict, "
                 f"got {type(self.rollout_correction).__name__}"
             )
+        if self.opsm_delta is not None:
+            check_range("opsm_delta", self.opsm_delta)
+        if (self.agg == NORM_AGG) != (self.norm_length is not None):
+            raise ValueError(f"norm_length (the constant length C) is required with agg={NORM_AGG} and applies to "
+                             f"it only; got agg={self.agg!r}, norm_length={self.norm_length!r}")
+        if self.norm_length is not None:
+            check_range("norm_length", self.norm_length, 0.0, None, lo_open=True)
+
+    @property
+    def weighs_by_ratio(self) -> bool:
+        """Whether the loss weighs a token by its own ratio pi_theta / mu (every loss but reinforce with
+        is_level=none): with mu = the engine's log-probs that ratio already is the rollout correction's."""
+        return True
+
+    def bypass_refusal(self) -> str | None:
+        """Why this config cannot run with mu = the engine's log-probs (bypass mode), or None if it can."""
+        if self.weighs_by_ratio and self.rollout_correction.mode in TRUNCATING:
+            return BYPASS_TRUNCATION.format(mode=self.rollout_correction.mode)
+        return None
 
 
 def check_range(
@@ -115,9 +143,13 @@ def finish(
     correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
     if correction is not None and not corrected:
         loss_mat, grad_weight = loss_mat * correction, grad_weight * correction
-    share = loss_mat * token_weights(x.mask_f, cfg.agg, normalizer)  # [B, T] each token's share of the loss
-    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d), **correction_rows(correction, x),
-                **(rows or {})}
+    rows = {**correction_rows(correction, x, cfg), **(rows or {})}
+    if cfg.opsm_delta is not None:
+        keep = opsm_keep(x.log_ratio, x.adv, x.tokens, cfg.opsm_delta).to(loss_mat.dtype)  # [B, 1] or [B, T]
+        loss_mat, grad_weight = loss_mat * keep, grad_weight * keep
+        rows["opsm_masked"] = token_counts(keep == 0, x.mask_f)
+    share = loss_mat * token_weights(x.mask_f, cfg.agg, normalizer, cfg.norm_length)  # [B, T] each token's share
+    all_rows = {**base_rows(x.log_ratio, x.mask_f, share, x.rollout_d, x.engine_log_ratio), **rows}
     return LossOutput(loss=share.sum(), rows=all_rows, seq_weight=sequence_weight(grad_weight, x))
 
 
@@ -131,11 +163,25 @@ def sequence_weight(grad_weight: Tensor, x: LossInputs) -> Tensor:
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan).to(x.logp.dtype)
 
 
-def correction_rows(weight: Tensor | None, x: LossInputs) -> Rows:
-    """rollout_masked: per row, the valid tokens whose rollout-correction ``weight`` is 0 (mis_*, geo_mask)."""
-    return {} if weight is None else {"rollout_masked": token_counts(weight == 0, x.mask_f)}
+def correction_rows(weight: Tensor | None, x: LossInputs, cfg: BaseLossConfig) -> Rows:
+    """Per row, the valid tokens whose rollout-correction ``weight`` is 0 (rollout_masked: mis_*, geo_mask,
+    icepop) and, for tis_*, those whose weight was truncated at C (rollout_truncated)."""
+    if weight is None:
+        return {}
+    rows = {"rollout_masked": token_counts(weight == 0, x.mask_f)}
+    cut = truncated(x.rollout_d, cfg.rollout_correction)  # None, [B, T] or [B, 1]
+    if cut is not None:
+        rows["rollout_truncated"] = token_counts(cut, x.mask_f)
+    return rows
 
 
 def rollout_weight(x: LossInputs, cfg: BaseLossConfig) -> Tensor | None:
-    """The detached rollout-correction weight of pi_old / pi_rollout ([B, T] or [B, 1]); None for mode none."""
-    return correction_weight(x.rollout_d, x.mask_f, cfg.rollout_correction)
+    """The detached rollout-correction weight ([B, T] or [B, 1]; None for mode none): of pi_old / pi_rollout,
+    or in bypass mode the rejection part of pi_theta / pi_rollout (the whole weight for a loss without a ratio
+    of its own). A truncation in bypass mode raises (``BaseLossConfig.bypass_refusal``)."""
+    return correction_weight(x.rollout_d, x.mask_f, cfg.rollout_correction, rejection_only=bypass_rejects(x, cfg))
+
+
+def bypass_rejects(x: LossInputs, cfg: BaseLossConfig) -> bool:
+    """Whether the correction applies as its rejection part only: bypass mode, on a loss with its own ratio."""
+    return x.bypass and cfg.weighs_by_ratio

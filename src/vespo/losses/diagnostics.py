@@ -59,11 +59,13 @@ TOKEN_FRACTIONS = {
     "clip_low": "loss/clip_frac_low",
     "clip_high": "loss/clip_frac_high",
     "dual_clip": "loss/dual_clip_frac",
-    "trust_mask_high": "loss/trust_mask_frac_high",  # DPPO: A > 0 tokens outside the trust region
-    "trust_mask_low": "loss/trust_mask_frac_low",  # DPPO: A < 0 tokens outside the trust region
+    "trust_mask_high": "loss/trust_mask_frac_high",  # DPPO, prime_rl: A > 0 tokens outside the trust region
+    "trust_mask_low": "loss/trust_mask_frac_low",  # DPPO, prime_rl: A < 0 tokens outside the trust region
     "ratio_cap": "loss/ratio_cap_frac",  # DPPO: kept tokens whose ratio was truncated at ratio_cap
     "m2_masked": "loss/m2_mask_frac",  # M2PO: tokens masked to bring the second moment under its threshold
-    "rollout_masked": "rollout/masked_frac",  # rollout correction weight 0 (mis_*, geo_mask)
+    "rollout_masked": "rollout/masked_frac",  # rollout correction weight 0 (mis_*, geo_mask, icepop)
+    "rollout_truncated": "rollout/truncated_frac",  # tis_*: rollout correction weight truncated at C
+    "opsm_masked": "loss/opsm_mask_frac",  # OPSM: tokens of sequences masked as too far off-policy
 }
 # row name -> metric: a per-row sum over tokens, reported as a mean over all valid tokens
 TOKEN_MEANS = {"kl_k1": "kl/k1", "kl_k3": "kl/k3", "rollout_k1": "rollout/k1", "rollout_k3": "rollout/k3",
@@ -74,14 +76,18 @@ TOKEN_MEANS = {"kl_k1": "kl/k1", "kl_k3": "kl/k3", "rollout_k1": "rollout/k1", "
 
 
 @torch.no_grad()
-def base_rows(log_ratio: Tensor, mask_f: Tensor, loss_share: Tensor, rollout_d: Tensor | None) -> Rows:
+def base_rows(log_ratio: Tensor, mask_f: Tensor, loss_share: Tensor, rollout_d: Tensor | None,
+              engine_log_ratio: Tensor | None = None) -> Rows:
     """The rows every loss reports, from ``log_ratio [B, T]`` (0 on padding), ``mask_f [B, T]``, each token's
-    share of the aggregated loss ``loss_share [B, T]`` and ``rollout_d [B, T]`` (or None)."""
+    share of the aggregated loss ``loss_share [B, T]``, ``rollout_d [B, T]`` and ``engine_log_ratio [B, T]``
+    (log pi_theta - log pi_rollout; both None without the engine's log-probs)."""
     d = (-log_ratio.detach()).clamp(-KL_D_CLAMP, KL_D_CLAMP).double()  # [B, T], 0 on padding
     rows = {"tokens": mask_f.double().sum(dim=-1), "loss": loss_share.detach().double().sum(dim=-1),
             "log_w": log_ratio.detach().double().sum(dim=-1), **_kl_rows(d, "kl")}
     if rollout_d is not None:
         rows.update(_kl_rows(rollout_d.detach().double().clamp(-KL_D_CLAMP, KL_D_CLAMP), "rollout"))
+    if engine_log_ratio is not None:
+        rows["engine_log_w"] = engine_log_ratio.detach().double().sum(dim=-1)  # log pi_theta / pi_rollout per row
     return rows
 
 

@@ -12,6 +12,7 @@ Clip fractions count tokens as in GRPO (A > 0 above the upper bound, A < 0 below
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -38,6 +39,11 @@ class GspoConfig(BaseLossConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_clip_range(self.eps_low, self.eps_high)
+        if self.opsm_delta is not None and math.exp(-self.opsm_delta) <= 1.0 - self.eps_low:
+            raise ValueError(f"opsm_delta={self.opsm_delta} cannot change GSPO's update: OPSM masks A < 0 sequences "
+                             f"whose geometric-mean ratio is below exp(-opsm_delta) = {math.exp(-self.opsm_delta):.4g}, "
+                             f"and GSPO's clip already gives every A < 0 sequence below 1 - eps_low = "
+                             f"{1.0 - self.eps_low:.4g} no gradient")
 
 
 def gspo_loss(x: LossInputs, cfg: GspoConfig, normalizer: float | Tensor | None = None) -> LossOutput:

@@ -1,12 +1,15 @@
 """The inputs every loss starts from: checked once, with padding made harmless.
 
-    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp)
+    x = prepare_inputs(logp, old_logp, advantages, mask, rollout_logp, bypass=False)
     x.logp        [B, T] the caller's log pi_theta with 0 on padding; carries the gradient
     x.old_logp    [B, T] behaviour log-probs mu, detached, 0 on padding
     x.adv         [B, 1] sequence advantages or [B, T] token advantages, detached, 0 where masked
     x.mask        [B, T] bool;  x.mask_f the same in logp's dtype;  x.tokens [B] valid tokens per row
+    x.rollout_logp [B, T] the engine's log-probs pi_rollout, detached, 0 on padding (None if not given)
+    x.bypass      mu is the engine's own log-probs (verl's bypass mode): pi_rollout = mu
     x.log_ratio   [B, T] logp - old_logp on valid tokens, 0 on padding; carries the gradient
-    x.rollout_d   [B, T] rollout_logp - old_logp on valid tokens (None without rollout log-probs)
+    x.rollout_d   [B, T] log pi_rollout - log pi_ref, pi_ref = mu (decoupled) or sg[pi_theta] (bypass): the
+                  rollout correction's rho = pi_ref / pi_rollout is exp(-rollout_d) (None without pi_rollout)
 
 Padding may hold anything (NaN, -inf, garbage): it is replaced with ``torch.where`` before any
 arithmetic, so it reaches neither the loss nor the gradient. A NaN or inf at a *valid* position is
@@ -34,7 +37,20 @@ class LossInputs:
     mask: Tensor  # [B, T] bool
     mask_f: Tensor  # [B, T] the mask in logp's dtype
     tokens: Tensor  # [B] valid tokens per row, logp's dtype
-    rollout_d: Tensor | None  # [B, T] detached, 0 on padding
+    rollout_logp: Tensor | None = None  # [B, T] detached, 0 on padding
+    bypass: bool = False  # mu (old_logp) is the engine's log-probs: rollout_logp is old_logp
+
+    @property
+    def rollout_d(self) -> Tensor | None:
+        """log pi_rollout - log pi_ref per token, 0 on padding, detached; pi_ref = mu, or pi_theta in bypass mode.  # [B, T]"""
+        if self.rollout_logp is None:
+            return None
+        return self.rollout_logp - (self.logp.detach() if self.bypass else self.old_logp)
+
+    @property
+    def engine_log_ratio(self) -> Tensor | None:
+        """log pi_theta - log pi_rollout per token, 0 on padding, detached (None without pi_rollout).  # [B, T]"""
+        return None if self.rollout_logp is None else self.logp.detach() - self.rollout_logp
 
     @property
     def log_ratio(self) -> Tensor:
@@ -63,8 +79,16 @@ def prepare_inputs(
     advantages: Tensor,
     mask: Tensor,
     rollout_logp: Tensor | None = None,
+    bypass: bool = False,
 ) -> LossInputs:
-    """Check the loss inputs and return them with padding set to 0; raises ValueError naming the culprit."""
+    """Check the loss inputs and return them with padding set to 0; raises ValueError naming the culprit.
+
+    ``bypass``: ``old_logp`` is the inference engine's own log-probs (verl's bypass mode), which are then
+    also pi_rollout for the rollout correction; ``rollout_logp`` must be None.
+    """
+    if bypass and rollout_logp is not None:
+        raise ValueError("bypass=True takes pi_rollout from old_logp (mu is the engine's log-probs); "
+                         "pass rollout_logp=None")
     _check_logp(logp)
     _check_same_shape("old_logp", old_logp, logp)
     _check_same_shape("mask", mask, logp)
@@ -85,9 +109,9 @@ def prepare_inputs(
     zero = logp.new_zeros(())
     clean = {name: torch.where(valid, x, zero) for name, (x, valid) in tensors.items()}
     mask_f = mask_b.to(logp.dtype)
-    rollout_d = None if rollout_logp is None else clean["rollout_logp"] - clean["old_logp"]
+    rollout = clean["old_logp"] if bypass else clean.get("rollout_logp")
     return LossInputs(logp=clean["logp"], old_logp=clean["old_logp"], adv=clean["advantages"], mask=mask_b,
-                      mask_f=mask_f, tokens=mask_f.sum(dim=-1), rollout_d=rollout_d)
+                      mask_f=mask_f, tokens=mask_f.sum(dim=-1), rollout_logp=rollout, bypass=bypass)
 
 
 def _check_finite(tensors: dict[str, tuple[Tensor, Tensor]]) -> None:

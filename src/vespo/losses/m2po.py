@@ -12,8 +12,9 @@ given and m_j = (log r_j)^2, r_j = pi_theta / mu:
     l_j     = -M_j * r_j * A_j,   r_j = exp(clamp(log r_j, +-20))
     L       = agg(l)                                          default token-mean: (1 / N) sum_j l_j
 
-so the gradient weight is M_j r_j (0 where the +-20 clamp binds): importance-weighted REINFORCE on the
-tokens kept, no clipping. tau = 0.04 (the paper's and AReaL's example). The masked tokens stay in the
+so the gradient weight is M_j r_j: importance-weighted REINFORCE on the tokens kept, no clipping. A
+token beyond the clamp (|log r_j| > 20) has no gradient, and so adds nothing to the loss value either
+(l_j = 0, not the constant -A e^20 that would dominate the logged loss of a large batch keeping one). tau = 0.04 (the paper's and AReaL's example). The masked tokens stay in the
 aggregation's count, as in the paper's objective (1 / sum_i |o_i|) sum M r A; AReaL divides each
 micro-batch by the count it kept. When even the smallest m_j is >= tau, all tokens but that one are
 masked (AReaL's rule: the loss is never empty). The mask is computed on detached float64 log-ratios
@@ -62,8 +63,8 @@ def m2po_loss(x: LossInputs, cfg: M2poConfig, normalizer: float | Tensor | None 
     m2 = x.log_ratio.detach().double().square()  # [B, T] (log r)^2, 0 on padding
     keep = second_moment_mask(m2, x.mask, cfg.m2_threshold)  # [B, T] bool
     ratio = x.clamped_log_ratio.exp()  # [B, T] r_t, carries the gradient
-    loss_mat = -torch.where(keep, ratio, 0.0) * x.adv
     live = x.log_ratio.detach().abs() <= TOKEN_LOG_RATIO_CLAMP  # where the clamp lets the gradient through
+    loss_mat = -torch.where(keep & live, ratio, 0.0) * x.adv  # beyond the clamp: no gradient, so no value either
     weight = torch.where(keep & live, ratio.detach(), 0.0)  # [B, T] w_t
     rows = {"m2_masked": token_counts(x.mask & ~keep, x.mask_f), "m2": m2.sum(dim=-1),
             "m2_kept": torch.where(keep, m2, 0.0).sum(dim=-1)}

@@ -33,6 +33,12 @@ class ReinforceConfig(BaseLossConfig):
         super().__post_init__()
         check_choice("is_level", self.is_level, IS_LEVELS)
 
+    @property
+    def weighs_by_ratio(self) -> bool:
+        """is_level=none has no ratio of its own: with mu = the engine's log-probs it takes the rollout
+        correction's whole weight of pi_theta / pi_rollout (verl's bypass REINFORCE)."""
+        return self.is_level != "none"
+
 
 def reinforce_loss(x: LossInputs, cfg: ReinforceConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """Policy gradient -sg[w] * A * logp, aggregated by ``cfg.agg``."""

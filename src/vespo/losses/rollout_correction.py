@@ -8,20 +8,35 @@ kernels, precision, MoE routing). With rho_t = pi_old / pi_rollout per token:
     mis_token   w_t = rho_t if rho_t <= C else 0          masked, per token
     mis_seq     w_i = prod_t rho_t if <= C else 0         masked, per sequence
     geo_mask    w_i = 1 if geo_low <= rho_bar_i <= geo_high else 0,   rho_bar_i = exp(mean_t log rho_t)
+    icepop      w_t = rho_t if icepop_low <= rho_t <= icepop_high else 0,   rho_t = exp(clamp(log rho_t, +-20))
 
-geo_mask is geometric sequence masking (verl's Geo-RS presets, SkyRL's `sequence_mask_metric=geometric`):
-a filter, not a reweighting. It compares log rho_bar_i (the mean token log-ratio over the sequence's
-valid tokens) with log geo_low and log geo_high, so no exp is taken. Its band is on pi_old / pi_rollout,
-as SkyRL's is (defaults 0.99 / 1.01, SkyRL's); verl's `rollout_rs=seq_mean_k1` with
-`rollout_rs_threshold="lo_hi"` bands the inverse ratio, so it equals geo_low = 1/hi, geo_high = 1/lo
-(verl's presets use "0.999_1.001").
+Each weight is an importance part (rho, or min(rho, C)) times a rejection part (the 0/1 of the mask;
+1 for tis_*). geo_mask is geometric sequence masking (verl's Geo-RS presets, SkyRL's
+`sequence_mask_metric=geometric`): a filter, not a reweighting. It compares log rho_bar_i (the mean token
+log-ratio over the sequence's valid tokens) with log geo_low and log geo_high, so no exp is taken. Its
+band is on pi_old / pi_rollout, as SkyRL's is (defaults 0.99 / 1.01, SkyRL's); verl's
+`rollout_rs=seq_mean_k1` with `rollout_rs_threshold="lo_hi"` bands the inverse ratio, so it equals
+geo_low = 1/hi, geo_high = 1/lo (verl's presets use "0.999_1.001"). SkyRL averages the raw token
+log-ratios (the default, ``geo_token_clamp=None``); verl clamps each to +-20 first
+(``geo_token_clamp=20``): a row with token log-ratios +50 and -49 has mean 0.5 under SkyRL and 0 under
+verl. icepop is verl's `rollout_is="token"` with `rollout_is_threshold="lo_hi"` (presets
+`decoupled_token_icepop`, `bypass_pg_token_icepop`, band 0.5 / 5), inclusive at both ends.
 
-Weights are detached. Every loss but VESPO multiplies its per-token loss by w; VESPO adds
-log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token (w = 0) sends that
-sequence's W, and hence phi, to ~0 (a geo-masked sequence adds log 1e-8 to its log W). A masked token or
-sequence stays in the aggregation's token / sequence count (verl instead drops rejected tokens from its
-response mask, and so from its count). Log-weights are clamped to [log 1e-8, 20] like VESPO's
-official numerics, which keeps masked weights finite in log space.
+Where the ratio comes from (``LossInputs.bypass``):
+
+    decoupled   mu = the trainer's recompute pi_old: rho = pi_old / pi_rollout, the whole weight applies
+    bypass      mu = the engine's own log-probs (verl's bypass mode): rho = pi_theta / pi_rollout, detached.
+                A loss whose own ratio pi_theta / mu is already that weight (every loss but reinforce with
+                is_level=none) takes only the rejection part, as verl's bypass PPO-clip does; tis_*, which
+                has none, is refused (:data:`BYPASS_TRUNCATION`). reinforce with is_level=none takes the
+                whole weight (verl's bypass REINFORCE).
+
+Weights are detached. Every loss but VESPO multiplies its per-token loss by w (vespo.losses.base.finish);
+VESPO adds log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token
+(w = 0) sends that sequence's W, and hence phi, to ~0 (a rejected token or sequence adds log 1e-8 to its
+log W). A masked token or sequence stays in the aggregation's token / sequence count (verl instead drops
+rejected tokens from its response mask, and so from its count). Log-weights are clamped to
+[log 1e-8, 20] like VESPO's official numerics, which keeps masked weights finite in log space.
 """
 
 from __future__ import annotations
@@ -32,9 +47,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "geo_mask")
+ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "geo_mask",
+                                             "icepop")
+TRUNCATING: tuple[str, ...] = ("tis_token", "tis_seq")  # importance part only: nothing is rejected
 LOG_W_MIN = math.log(1e-8)  # official lower clamp of a log-weight
 LOG_W_MAX = 20.0  # official upper clamp of a log-weight
+ICEPOP_LOG_CLAMP = 20.0  # verl's SAFETY_BOUND on the token log-ratio before exp
+BYPASS_TRUNCATION = (
+    "rollout_correction.mode={mode} cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
+    "verl's bypass mode): the loss's own ratio pi_theta/mu already is pi_theta/pi_rollout, and a truncated "
+    "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, icepop), "
+    "or loss reinforce with is_level=none (verl's bypass REINFORCE)"
+)
 
 
 @dataclass
@@ -43,13 +67,21 @@ class RolloutCorrection:
 
     mode: str = "none"
     """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence) |
-    geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high])."""
+    geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high]) | icepop (zero a
+    token's weight outside [icepop_low, icepop_high]). With mu = the engine's log-probs the ratio is
+    pi_theta / pi_rollout and only the rejection part acts (module docstring)."""
     threshold: float = 2.0
     """C: weights above it are truncated to C (tis_*) or masked to 0 (mis_*); must be > 0."""
     geo_low: float = 0.99
     """geo_mask: lower bound of the geometric-mean ratio pi_old / pi_rollout of a kept sequence; in (0, 1]."""
     geo_high: float = 1.01
     """geo_mask: upper bound of the geometric-mean ratio of a kept sequence; >= 1."""
+    geo_token_clamp: float | None = None
+    """geo_mask: clamp each token log-ratio to +-this before the mean; None (SkyRL's default) or 20 (verl's); > 0."""
+    icepop_low: float = 0.5
+    """icepop: lower bound alpha of a kept token's ratio (verl's presets: 0.5); > 0."""
+    icepop_high: float = 5.0
+    """icepop: upper bound beta of a kept token's ratio (verl's presets: 5.0); >= icepop_low."""
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_CORRECTION_MODES:
@@ -62,45 +94,66 @@ class RolloutCorrection:
             raise ValueError(f"rollout_correction.geo_low must be a finite number in (0, 1]; got {self.geo_low!r}")
         if not (_real(self.geo_high) and self.geo_high >= 1):
             raise ValueError(f"rollout_correction.geo_high must be a finite number >= 1; got {self.geo_high!r}")
+        if self.geo_token_clamp is not None and not (_real(self.geo_token_clamp) and self.geo_token_clamp > 0):
+            raise ValueError("rollout_correction.geo_token_clamp must be None or a finite number > 0; "
+                             f"got {self.geo_token_clamp!r}")
+        if not (_real(self.icepop_low) and self.icepop_low > 0):
+            raise ValueError(f"rollout_correction.icepop_low must be a finite number > 0; got {self.icepop_low!r}")
+        if not (_real(self.icepop_high) and self.icepop_high >= self.icepop_low):
+            raise ValueError("rollout_correction.icepop_high must be a finite number >= icepop_low; "
+                             f"got {self.icepop_high!r}")
 
 
 def _real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor | None:
-    """The detached weight w: [B, T] for *_token modes, [B, 1] for *_seq and geo_mask; None if mode is none.
+def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
+                      rejection_only: bool = False) -> Tensor | None:
+    """The detached weight w: [B, T] for token modes, [B, 1] for *_seq and geo_mask; None if mode is none.
 
-    ``rollout_d`` is rollout_logp - old_logp per token, 0 on padding (padding then gets w = 1 when C >= 1);
-    ``mask_f`` [B, T] is the 0/1 mask.
+    ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding
+    then gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection
+    part alone (bypass mode, module docstring); tis_* then raises (:data:`BYPASS_TRUNCATION`).
     """
     if cfg.mode == "geo_mask":
         return geo_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
-    log_rho = _log_rho(rollout_d, cfg)
+    if cfg.mode == "icepop":
+        log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
+        return keep.to(mask_f.dtype) if rejection_only else torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
+    log_rho = _log_rho(rollout_d, cfg, rejection_only)
     if log_rho is None:
         return None
     log_c = math.log(cfg.threshold)
     if cfg.mode.startswith("tis"):
         return torch.exp(log_rho.clamp(max=log_c))
+    if rejection_only:
+        return (log_rho <= log_c).to(mask_f.dtype)
     return torch.where(log_rho <= log_c, torch.exp(log_rho.clamp(max=log_c)), log_rho.new_zeros(()))
 
 
-def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor | None:
+def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
+                          rejection_only: bool = False) -> Tensor | None:
     """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W.
 
-    Shapes as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
+    Shapes and ``rejection_only`` as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
     """
     if cfg.mode == "geo_mask":
         keep = geo_keep(rollout_d, mask_f, cfg)  # [B, 1]
         return torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
-    log_rho = _log_rho(rollout_d, cfg)
+    if cfg.mode == "icepop":
+        log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
+        kept = torch.zeros_like(log_rho) if rejection_only else log_rho
+        return torch.where(keep, kept, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX) * mask_f
+    log_rho = _log_rho(rollout_d, cfg, rejection_only)
     if log_rho is None:
         return None
     log_c = math.log(cfg.threshold)
     if cfg.mode.startswith("tis"):
         log_w = log_rho.clamp(max=log_c)
     else:
-        log_w = torch.where(log_rho <= log_c, log_rho, torch.full_like(log_rho, LOG_W_MIN))
+        kept = torch.zeros_like(log_rho) if rejection_only else log_rho
+        log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
     log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
     if cfg.mode.endswith("_token"):
         log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
@@ -108,22 +161,46 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
 
 
 @torch.no_grad()
+def truncated(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
+    """tis_*: where the weight was truncated at C (rho > C), [B, T] or [B, 1] bool; None for other modes."""
+    if cfg.mode not in TRUNCATING:
+        return None
+    return _log_rho(rollout_d, cfg) > math.log(cfg.threshold)
+
+
+@torch.no_grad()
 def geo_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor:
     """geo_mask: which sequences keep their place, log geo_low <= mean_t log rho_t <= log geo_high.  # [B, 1] bool
 
-    ``rollout_d`` [B, T] is rollout_logp - old_logp, 0 on padding; ``mask_f`` [B, T] the 0/1 mask. A row
-    without valid tokens has mean 0 and is kept (it has nothing to train on anyway).
+    ``rollout_d`` [B, T] is log pi_rollout - log rho's policy, 0 on padding; ``mask_f`` [B, T] the 0/1 mask.
+    With ``cfg.geo_token_clamp`` each token's log-ratio is clamped first (verl). A row without valid
+    tokens has mean 0 and is kept (it has nothing to train on anyway).
     """
     _require(rollout_d, cfg)
+    d = rollout_d.detach().double()  # [B, T]
+    if cfg.geo_token_clamp is not None:
+        d = d.clamp(-cfg.geo_token_clamp, cfg.geo_token_clamp)
     tokens = mask_f.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [B, 1]
-    mean_log_rho = -rollout_d.detach().double().sum(dim=-1, keepdim=True) / tokens.double()  # [B, 1]
+    mean_log_rho = -d.sum(dim=-1, keepdim=True) / tokens.double()  # [B, 1]
     return (mean_log_rho >= math.log(cfg.geo_low)) & (mean_log_rho <= math.log(cfg.geo_high))
 
 
-def _log_rho(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
-    """log(pi_old / pi_rollout) per token [B, T], or summed per sequence [B, 1] for *_seq modes."""
+@torch.no_grad()
+def icepop_keep(rollout_d: Tensor | None, cfg: RolloutCorrection) -> tuple[Tensor, Tensor]:
+    """icepop: clamp(log rho_t, +-20) [B, T] and whether icepop_low <= exp(that) <= icepop_high [B, T] (verl
+    compares the ratio itself with the band)."""
+    _require(rollout_d, cfg)
+    log_rho = (-rollout_d.detach()).clamp(-ICEPOP_LOG_CLAMP, ICEPOP_LOG_CLAMP)  # [B, T], 0 on padding
+    rho = log_rho.exp()
+    return log_rho, (rho >= cfg.icepop_low) & (rho <= cfg.icepop_high)
+
+
+def _log_rho(rollout_d: Tensor | None, cfg: RolloutCorrection, rejection_only: bool = False) -> Tensor | None:
+    """log rho per token [B, T], or summed per sequence [B, 1] for *_seq modes."""
     if cfg.mode == "none":
         return None
+    if rejection_only and cfg.mode in TRUNCATING:
+        raise ValueError(BYPASS_TRUNCATION.format(mode=cfg.mode))
     _require(rollout_d, cfg)
     log_rho = -rollout_d.detach()  # [B, T], 0 on padding
     return log_rho.sum(dim=-1, keepdim=True) if cfg.mode.endswith("_seq") else log_rho

@@ -12,8 +12,10 @@ as the authors' code does with its defaults (ess_scaling.scaling_rule = sqrt, ba
 use_clipped = False): the unclipped sequence weights, no floor, 0 for a mini-batch without sequences.
 The square root follows their argument for Adam-type optimizers, whose update size does not scale
 with the gradient's. Their W is pi_old / pi_rollout, the learner's policy at the step against the
-sampler's; here it is the same ratio the loss sees, pi_theta / mu, so with mu recomputed by the
-trainer it leaves out the engine mismatch (with ``staleness.behavior=rollout`` it is theirs).
+sampler's. Here ``optim.ess_against`` chooses: ``mu`` (the default) takes the ratio the loss sees,
+pi_theta / mu, which with mu recomputed leaves out the engine mismatch and is exactly 1 at N = 1 (the
+trainer says so in one line at start-up); ``engine`` takes pi_theta / pi_rollout, theirs (with
+``staleness.behavior=rollout`` the two are the same).
 
 The scale is formed from the rows of the whole mini-batch, so micro-batching does not change it;
 it is orthogonal to the loss and wraps any of them, VESPO included (``optim.ess_scaled_lr``).
@@ -26,7 +28,10 @@ from torch import Tensor
 from vespo.losses.diagnostics import Rows, effective_sample_size
 
 
-def ess_step_scale(rows: Rows) -> Tensor:
-    """sqrt(min(1, ESS / B)) of the sequence weights exp(rows["log_w"]) over the rows with a valid token.  # []"""
+def ess_step_scale(rows: Rows, key: str = "log_w") -> Tensor:
+    """sqrt(min(1, ESS / B)) of the sequence weights exp(rows[key]) over the rows with a valid token.  # []
+
+    ``key``: ``log_w`` (pi_theta / mu, the loss's own ratio) or ``engine_log_w`` (pi_theta / pi_rollout, VCPO's).
+    """
     valid = rows["tokens"] > 0  # [B]
-    return effective_sample_size(rows["log_w"], valid).clamp(max=1.0).sqrt()
+    return effective_sample_size(rows[key], valid).clamp(max=1.0).sqrt()

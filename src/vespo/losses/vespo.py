@@ -74,7 +74,8 @@ def kernel_loss(
 def vespo_log_weight(x: LossInputs, cfg: VespoConfig) -> Tensor:
     """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
     log_w = x.clamped_log_ratio.sum(dim=-1, keepdim=True)  # [B, 1]
-    correction = correction_log_weight(x.rollout_d, x.mask_f, cfg.rollout_correction)  # [B, T], [B, 1] or None
+    correction = correction_log_weight(x.rollout_d, x.mask_f, cfg.rollout_correction,
+                                       rejection_only=x.bypass)  # [B, T], [B, 1] or None
     if correction is not None:
         log_w = log_w + correction.sum(dim=-1, keepdim=True)
     lengths = x.tokens.clamp(min=1.0)[:, None]  # [B, 1]

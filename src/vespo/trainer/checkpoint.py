@@ -53,6 +53,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
+from vespo.config import added_at_default
 from vespo.errors import CheckpointError, ModelError, ResumeError
 from vespo.models.forward import policy_keys
 from vespo.trainer.distributed import Dist
@@ -209,7 +210,8 @@ def check_resume_config(path: str | Path, config: dict) -> None:
     saved = _flat(json.loads(file.read_text()))
     now = _flat(json.loads(json.dumps(config, default=str)))
     changed = sorted(k for k in saved.keys() | now.keys()
-                     if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE_CHANGES))
+                     if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE_CHANGES)
+                     and not (k not in saved and added_at_default(k, now[k])))  # a field newer than the run
     if changed:
         shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
         raise ResumeError(f"--resume with another config than the run's ({shown}{'; ...' if len(changed) > 4 else ''}):"

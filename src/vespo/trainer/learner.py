@@ -222,7 +222,8 @@ class Learner:
                    "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
                    **self._replay_metrics(replayed)}
         if self.optim_cfg.ess_scaled_lr:  # VCPO: this step's lr x sqrt(ESS / B) (vespo.losses.step_size)
-            metrics["optim/ess_lr_scale"] = ess_step_scale(rows)
+            against = "engine_log_w" if self.optim_cfg.ess_against == "engine" else "log_w"
+            metrics["optim/ess_lr_scale"] = ess_step_scale(rows, against)
         metrics = to_floats(metrics)  # the update's one host sync
         result = dict(behavior_rows=concat_rows(behavior), lags=self.version - item.batch.versions,
                       log_w=local_rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
@@ -237,10 +238,15 @@ class Learner:
         return UpdateResult(metrics, skipped=False, **result)
 
     def _loss(self, micro: TrainBatch, logp: Tensor, old_logp: Tensor, normalizer: float):
-        """The loss of one micro-batch (on the learner's device) given its log-probs [b, T]."""
-        correct = self.loss_cfg.rollout_correction.mode != "none"
+        """The loss of one micro-batch (on the learner's device) given its log-probs [b, T].
+
+        With μ = the engine's log-probs the inputs are in bypass mode (the rollout correction's ratio is
+        π_θ/π_rollout); with μ recomputed the engine's log-probs go along when the correction or the
+        ESS-scaled step (``optim.ess_against=engine``) needs them."""
+        bypass = self.behavior == "rollout"
+        engine = self.loss_cfg.rollout_correction.mode != "none" or self.optim_cfg.ess_against == "engine"
         x = prepare_inputs(logp, old_logp, micro.advantages, micro.response_mask,
-                           rollout_logp=micro.rollout_logp if correct else None)
+                           rollout_logp=micro.rollout_logp if engine and not bypass else None, bypass=bypass)
         return self.spec.fn(x, self.loss_cfg, normalizer)
 
     def _count_replay(self):

@@ -60,6 +60,9 @@ def build_run(cfg: Config, log=print) -> Run:
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    notice = ess_notice(cfg)
+    if notice:
+        log(notice)
     torch.manual_seed(cfg.run.seed)
     policy, tokenizer = build_policy(cfg)
     task, train, held_out = build_data(cfg)
@@ -70,6 +73,15 @@ def build_run(cfg: Config, log=print) -> Run:
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats)
+
+
+def ess_notice(cfg: Config) -> str | None:
+    """The one line that says optim.ess_scaled_lr cannot act in this run (W = 1 on every update), or None."""
+    o = cfg.optim
+    if o.ess_scaled_lr and o.ess_against == "mu" and cfg.staleness.n == 1 and cfg.behavior == "recompute":
+        return ("notice: optim.ess_scaled_lr scales every step by exactly 1 here (staleness.n=1 with mu recomputed: "
+                "W = pi/mu = 1); optim.ess_against=engine measures W against the engine's log-probs, as VCPO does")
+    return None
 
 
 def check_routing_source(cfg: Config, policy: PreTrainedModel) -> None:

@@ -1,0 +1,36 @@
+"""mu = the engine's log-probs (staleness.behavior=rollout, verl's bypass mode): the rollout correction acts on
+pi_theta / pi_rollout in real short runs, where it used to compare the engine with itself (ratio 1, nothing
+masked); a truncation that would count the ratio twice is refused with one line."""
+
+import pytest
+from stepping import rollout_step, sync_loop
+
+from vespo.config import ConfigError
+
+BAND = "loss.options={rollout_correction: {mode: icepop, icepop_low: 0.999, icepop_high: 1.001}}"
+# warm-started to ~30% (as in test_ess_step): groups with right and wrong answers, so the first update moves pi
+SIGNAL = ("rollout.prompts_per_step=16", "rollout.group_size=8", "warmstart.steps=60", "warmstart.lr=3e-3")
+
+
+def test_under_mu_from_the_engine_a_rejection_acts_on_pi_over_pi_rollout(make_cfg):
+    """At lag 1 pi_theta has moved one update away from the engine that sampled the batch: IcePop's narrow band
+    rejects tokens there, and the update differs from plain GRPO's on the same samples."""
+    steps = {}
+    for name, extra in (("icepop", (BAND,)), ("plain", ())):
+        with sync_loop(make_cfg(*SIGNAL, "staleness.n=2", "staleness.behavior=rollout", "loss.name=grpo", *extra,
+                                out=name)) as loop:
+            steps[name] = rollout_step(loop)
+    assert steps["icepop"]["reward/mean"] == steps["plain"]["reward/mean"]  # the same samples
+    assert steps["icepop"]["rollout/masked_frac"] > 0
+    assert "rollout/masked_frac" not in steps["plain"]
+    assert steps["icepop"]["optim/grad_norm"] != steps["plain"]["optim/grad_norm"]
+
+
+@pytest.mark.parametrize("loss", ["grpo", "vespo", "reinforce"])
+def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio(make_cfg, loss):
+    tis = "loss.options={rollout_correction: {mode: tis_token}}"
+    with pytest.raises(ConfigError, match="cannot act with mu = the engine's log-probs"):
+        make_cfg("staleness.behavior=rollout", f"loss.name={loss}", tis)
+    make_cfg("staleness.behavior=recompute", f"loss.name={loss}", tis)  # pi_old / pi_rollout: it acts there
+    make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
+             "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
