@@ -1,56 +1,22 @@
-"""The paper's claims, each with the rule that decides it from the lab's sweeps.
+"""The paper's claims, each a typed judge of the table of runs (vespo.lab.runs): ``claim.judge(runs)``.
 
-A claims file (configs/lab/claims.yaml) lists claims; each names a sweep (by its `name`), one
-kind of evidence, and what the paper expects of it:
+A claims file (configs/lab/claims.yaml) lists claims; each names a sweep, one kind of evidence and
+what the paper expects of it (`metric` defaults to eval_sampled; any of vespo.lab.runs.METRICS):
 
-    claims:
-      - paper: "GRPO weakens as N grows"
-        sweep: staleness
-        across: {a: {loss: grpo}, over: N}                  # a trend over N: a's slope per doubling
-        expect: decreasing                                  # increasing | decreasing
-      - paper: "Under large N VESPO ends above GRPO"
-        sweep: staleness
-        across: {a: {loss: vespo}, b: {loss: grpo}, over: N, at: ["8", "64"]}   # a - b at each N
-        expect: greater                                     # greater | less | {within: m} | {at_least: m} | report
-      - paper: "Asymmetric (k, lambda) beats symmetric"
-        sweep: asymmetry
-        compare: {a: {kernel: asymmetric}, b: {kernel: symmetric_pos}}          # one condition each; b may be a list
-        metric: eval_sampled                                # default; any of vespo.lab.results.METRICS
-        expect: greater
-      - paper: "SAPO collapses under large N"
-        sweep: staleness
-        collapses: {loss: sapo, N: "64"}
-        expect: most                                        # most | some | none
-      - paper: "VESPO does not collapse"
-        sweep: staleness
-        collapses: {loss: vespo}
-        control: {sweep: lr_range, where: {loss: vespo, lr: "1.25e-3"}}   # where the rule does fire
-        expect: none
-      - paper: "VESPO's stable learning-rate range is the widest"
-        sweep: lr_range
-        lr_range: {loss: vespo}
-        expect: widest
+    compare:   {a: {kernel: asymmetric}, b: [{kernel: symmetric}]}     paired a - b over seeds, per b
+    across:    {a: {loss: vespo}, b: [{loss: grpo}], over: N, at: ["8", "64"]}    the same at each N;
+               with expect increasing | decreasing: each step of N (a - b, or a, at N minus at the previous N)
+    level:     [{loss: vespo, N: "64"}]         a condition's own value over seeds (e.g. metric: eval_rise)
+    collapses: {loss: sapo, N: "64"}            collapsed runs (vespo.lab.collapse); a "none" claim names a
+               control: {sweep, where}, runs where the rule fires
+    stabler:   {a: {loss: vespo}, b: [{loss: grpo}], over: lr}    collapses paired by seed and `over` value
+    expect:    greater | less | {within: m} | {at_least: m} | report (measured, no verdict) |
+               increasing | decreasing (across) | most | some | none (collapses) | greater (stabler)
 
-Verdicts come from the interval of a paired difference over seeds (vespo.lab.stats: a t-interval;
-same seed = same warm start and prompt order). `rules_text()` writes them out in words; in short:
-
-    greater / less   interval above / below 0 agrees, on the other side disagrees, else not resolved
-    within m         interval inside (-m, m) agrees; wholly outside [-m, m] disagrees
-    at_least m       interval above m agrees; below m disagrees
-    increasing /     the per-seed least-squares slope of (a - b), or of a, against log2 of the `over`
-    decreasing       axis: its interval above / below 0 agrees, on the other side disagrees
-    most / some /    collapsed runs (vespo.lab.collapse): most = at least half (none of fewer than 5
-    none             runs is "too few seeds": the rate's interval still reaches one half), some = at
-                     least one (none collapsing leaves "can collapse" not resolved), none = zero, and only
-                     beside a `control` where the rule fired; without one it is not resolved
-    widest           the condition's stable lr range (vespo.lab.lr_range) is at least as wide as
-                     every other's; a grid with runs still to finish decides nothing
-
-`across` with a comparison expectation judges every value of the `over` axis (or those in `at`) and
-combines them like a list of b. A claim made of several comparisons agrees only if all of them do;
-any disagreement makes it disagree. Fewer than stats.MIN_SEEDS common seeds: "too few seeds". A
-sweep that was not run, or cells without finished runs: "not run". Each verdict carries a label of
-how robust it is (`robustness`): the effect size and how many seeds agree.
+A comparison's test is a t-test of the paired differences against the claim's line (0, or the margin;
+the 90% interval shown excludes the line <=> p < 0.10), a stabler one McNemar's exact test; the page's
+tests are one family under Holm (`decide`). Each verdict is also judged on held-out greedy accuracy and
+on the mean of the last quarter's evaluations (READINGS); where they differ it depends on the metric.
 """
 
 from __future__ import annotations
@@ -58,42 +24,277 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import yaml
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from vespo.lab.grid import SEED_AXIS, planned
-from vespo.lab.lr_range import LR_AXIS, LrPoint, LrRange, lr_ranges, lr_text, widest_stable
-from vespo.lab.results import METRICS, RunResult, by_seed, conditions, group, select
-from vespo.lab.stats import CONFIDENCE, METHOD, MIN_SEEDS, Paired, paired_difference, rate_ci
+from vespo.lab.grid import SEED_AXIS, Sweep, one_line, read_yaml
+from vespo.lab.runs import METRICS, by_seed, select
+from vespo.lab.stats import (FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci, p_value,
+                              paired, rate_ci)
 
-KINDS = ("compare", "across", "collapses", "lr_range")
-PAIRED_EXPECT = ("greater", "less", "within", "at_least", "report")
-TREND_EXPECT = ("increasing", "decreasing")
-COLLAPSE_EXPECT = ("most", "some", "none")
-AGREES, DISAGREES, UNRESOLVED, PARTLY, NOT_RUN, NO_VERDICT, TOO_FEW = (
-    "agrees", "disagrees", "not resolved", "partly", "not run", "—", "too few seeds")
-ROBUST, SUPPORTED, UNCLEAR, FRAGILE = "robust", "supported", "unclear", "fragile"
-ROBUST_SHARE = 0.9  # "robust": the interval on one side of the claim's line, and at least this share of seeds ...
-ROBUST_SEEDS = 5  # ... out of at least this many seeds
+AGREES, DISAGREES, UNRESOLVED, PARTLY, NOT_RUN, NO_VERDICT, TOO_FEW, DEPENDS = (
+    "agrees", "disagrees", "not resolved", "partly", "not run", "—", "too few seeds", "depends on the metric")
+ROBUST, SUPPORTED, UNCLEAR = "robust", "supported", "unclear"
+ROBUST_SHARE, ROBUST_SEEDS = 0.9, 5  # robust: at least this share of at least this many seeds on its side
+READINGS = {"eval_sampled": "held-out sampled", "eval_greedy": "greedy", "eval_last": "last-quarter mean"}
+Where = dict[str, Any]
 
 
 class ClaimsError(ValueError):
     """A claims file is malformed, or a claim selects cells its sweep does not have."""
 
 
-@dataclass(frozen=True)
-class Claim:
-    paper: str  # what the paper says
-    sweep: str  # the sweep's name
-    kind: str  # compare | across | collapses | lr_range
-    spec: dict  # the kind's selection
-    expect: str
-    margin: float = math.nan  # for within / at_least
+def _text(where: Where) -> str:
+    return ", ".join(f"{k}={v}" for k, v in where.items())
+
+
+@dataclass
+class Test:
+    """One test a verdict rests on: its p-value against the claim's line and which side it falls on."""
+
+    name: str
+    text: str  # "+0.060 [+0.036, +0.083], 10 seeds, higher in 10"
+    p: float  # raw, two-sided
+    side: int  # +1: the claim's side of its line, -1: the other
+    n: int  # seeds (or discordant pairs)
+    share: float  # share of them on ``side``
+    adjusted: float = math.nan  # Holm, over the page's family
+    verdict: bool = True  # False for "report": measured, no verdict
+    ci: Interval | None = None  # the mean difference with its interval (t-tests)
+
+    @property
+    def outcome(self) -> str:
+        if self.n == 0:
+            return NOT_RUN
+        if self.n < MIN_SEEDS:
+            return TOO_FEW
+        if not self.verdict:
+            return NO_VERDICT
+        return (AGREES if self.side > 0 else DISAGREES) if self.adjusted < FAMILY_ERROR else UNRESOLVED
+
+
+def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan, count: str = "higher in") -> Test:
+    """The t-test of a comparison against its claim's line: 0 (greater, less, report), the margin
+    (at_least), or both -m and +m (within: inside both, or outside the nearer one)."""
+    x, ci = d.values.to_numpy(dtype=float), d.diff
+    text = "no common seeds" if not ci.n else ci_text(ci, signed=True) + ("" if ci.resolved else " (one seed)") + \
+        f", {ci.n} seeds, {count} {d.wins}"
+    if expect == "within":
+        inside = abs(ci.mean) < margin
+        p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
+        on = np.abs(x) < margin
+        return Test(name, text, p, 1 if inside else -1, ci.n, float(np.mean(on if inside else ~on)) if ci.n else 0.0,
+                    ci=ci)
+    line = margin if expect == "at_least" else 0.0
+    sign = -1 if expect in ("less", "decreasing") else 1
+    side = sign * (1 if ci.mean > line else -1)
+    share = float(np.mean(np.sign(x - line) == side * sign)) if ci.n else 0.0
+    return Test(name, text, p_value(x, line), side, ci.n, share, verdict=expect != "report", ci=ci)
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    readings: dict[str, list[Test]] = field(default_factory=dict)  # metric -> tests, the claim's metric first
+    text: str = ""  # what was measured, for claims without tests (collapses)
+    verdict: str = ""  # set by the judge for collapse claims, by `decide` for the others
+    robustness: str = ""
+
+
+class Claim(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    EXPECT: ClassVar[tuple[str, ...]] = ("greater", "less", "within", "at_least", "report")
+    paper: str
+    sweep: str
+    expect: str | dict[str, float]
     metric: str = "eval_sampled"
-    where: str = ""  # "claims.yaml, claim 3", for error messages
-    control: dict | None = None  # collapses: {sweep, where} of a setting where the rule fires
+    where: str = ""  # "claims.yaml, claim 3" (set when loaded)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"metric {v!r} unknown; choose one of {', '.join(METRICS)}")
+        return v
+
+    def model_post_init(self, _: Any) -> None:
+        name = self.expect if isinstance(self.expect, str) else next(iter(self.expect), "")
+        if name not in self.EXPECT or isinstance(self.expect, dict) != (name in ("within", "at_least")) or (
+                isinstance(self.expect, dict) and (len(self.expect) != 1 or (name == "within" and self.margin <= 0))):
+            raise ValueError(f"expect {self.expect!r} is not valid for {type(self).__name__.lower()}; choose one of "
+                             + ", ".join(f"{{{e}: margin > 0}}" if e in ("within", "at_least") else e for e in self.EXPECT))
+
+    @property
+    def kind(self) -> str:
+        return self.expect if isinstance(self.expect, str) else next(iter(self.expect))
+
+    @property
+    def margin(self) -> float:
+        return math.nan if isinstance(self.expect, str) else float(next(iter(self.expect.values())))
+
+    def sides(self) -> list[Where]:
+        return []
+
+    def readings(self) -> list[str]:
+        return [self.metric, *(m for m in READINGS if m != self.metric)] if self.metric in READINGS else [self.metric]
+
+    def judge(self, runs: pd.DataFrame) -> Verdict:
+        mine = runs[runs.sweep == self.sweep]
+        if mine.empty:
+            return Verdict(self, text=f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
+        return Verdict(self, {m: self.tests(mine, m) for m in self.readings()})
+
+    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
+        raise NotImplementedError
+
+
+class Compare(Claim):
+    a: Where
+    b: list[Where]
+
+    def sides(self) -> list[Where]:
+        return [self.a, *self.b]
+
+    def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
+        return [(f"vs {_text({k: v for k, v in b.items() if str(self.a.get(k)) != str(v)})}", self.a, b) for b in self.b]
+
+    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
+        return [paired_test(name, paired(by_seed(select(runs, a), metric), by_seed(select(runs, b), metric)),
+                            self.kind, self.margin) for name, a, b in self.pairs(runs)]
+
+
+class Across(Compare):
+    EXPECT: ClassVar[tuple[str, ...]] = Claim.EXPECT + ("increasing", "decreasing")
+    b: list[Where] = []
+    over: str
+    at: list[str] | None = None
+
+    def values(self, runs: pd.DataFrame) -> list[str]:
+        present = [v for v in dict.fromkeys(runs[self.over]) if v in (self.at or [v])]
+        return sorted(present, key=float) if self.kind in ("increasing", "decreasing") else present
+
+    def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
+        out = []
+        for b in self.b:
+            name = _text({k: x for k, x in b.items() if str(self.a.get(k)) != str(x)})
+            out += [(f"{self.over}={v}" + (f" vs {name}" if name else ""), {self.over: v, **self.a}, {self.over: v, **b})
+                    for v in self.values(runs) if {self.over: v, **self.a} != {self.over: v, **b}]
+        return out
+
+    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
+        if self.kind not in ("increasing", "decreasing"):
+            return super().tests(runs, metric)
+        series = {}  # value -> a - b (or a) per seed
+        for v in self.values(runs):
+            y = by_seed(select(runs, {self.over: v, **self.a}), metric)
+            series[v] = paired(y, by_seed(select(runs, {self.over: v, **self.b[0]}), metric)).values if self.b else y
+        steps = list(zip(series, list(series)[1:]))
+        return [paired_test(f"{self.over}={hi} minus {self.over}={lo}", paired(series[hi], series[lo]), self.kind)
+                for lo, hi in steps]
+
+
+class Level(Claim):
+    select: list[Where]
+
+    def sides(self) -> list[Where]:
+        return self.select
+
+    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
+        return [paired_test(_text(w), Paired(by_seed(select(runs, w), metric).dropna()), self.kind, self.margin,
+                            "above 0 in") for w in self.select]
+
+
+class Stabler(Claim):
+    EXPECT: ClassVar[tuple[str, ...]] = ("greater",)
+    a: Where
+    b: list[Where]
+    over: str = "lr"
+
+    def sides(self) -> list[Where]:
+        return [self.a, *self.b]
+
+    def readings(self) -> list[str]:
+        return ["collapsed"]
+
+    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
+        key = [SEED_AXIS, self.over]
+        a = select(runs[runs.usable], self.a).set_index(key)["collapsed"]
+        out = []
+        for b in self.b:
+            both = pd.concat([a, select(runs[runs.usable], b).set_index(key)["collapsed"]], axis=1, join="inner")
+            only_a, only_b = int((both.iloc[:, 0] & ~both.iloc[:, 1]).sum()), int((~both.iloc[:, 0] & both.iloc[:, 1]).sum())
+            name = _text({k: v for k, v in b.items() if str(self.a.get(k)) != str(v)})
+            text = (f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not "
+                    f"{only_a} vs {only_b}")
+            out.append(Test(f"vs {name}", text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1, len(both),
+                            max(only_a, only_b) / max(1, only_a + only_b)))
+        return out
+
+
+class Collapses(Claim):
+    EXPECT: ClassVar[tuple[str, ...]] = ("most", "some", "none")
+    select: Where
+    control: dict | None = None  # {sweep, where}: runs where the rule fires
+
+    def sides(self) -> list[Where]:
+        return [self.select]
+
+    def judge(self, runs: pd.DataFrame) -> Verdict:
+        mine = select(runs[(runs.sweep == self.sweep) & runs.usable], self.select)
+        if mine.empty:
+            return Verdict(self, text="no finished runs" if (runs.sweep == self.sweep).any() else
+                           f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
+        dead, text = int(mine.collapsed.sum()), collapse_text(mine)
+        if self.kind == "none":
+            verdict = AGREES if dead == 0 else DISAGREES
+        elif self.kind == "some":  # none collapsing does not show "can collapse", nor refute it
+            verdict = AGREES if dead else UNRESOLVED
+        elif dead == 0 and rate_ci(0, len(mine)).high >= 0.5:  # too few runs to rule out "most"
+            verdict = TOO_FEW
+        else:
+            verdict = AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY
+        if self.control is not None:
+            control = select(runs[(runs.sweep == self.control["sweep"]) & runs.usable], self.control["where"])
+            name = f"{self.control['sweep']} {_text(self.control['where'])}"
+            if control.empty:
+                return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire",
+                               verdict=UNRESOLVED)
+            text += f"; control ({name}): {collapse_text(control)}"
+            if not control.collapsed.any() and verdict == AGREES:
+                return Verdict(self, text=text + ": the rule fired in no control run, so 'no collapse' says nothing",
+                               verdict=UNRESOLVED)
+        return Verdict(self, text=text, verdict=verdict)
+
+
+def collapse_text(runs: pd.DataFrame) -> str:
+    """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
+    reasons = runs[runs.collapsed].reason.value_counts().sort_index()
+    rate = rate_ci(int(runs.collapsed.sum()), len(runs))
+    return (f"{int(runs.collapsed.sum())}/{len(runs)} runs collapsed"
+            + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if len(reasons) else "")
+            + f", rate {rate.mean:.2f} [{rate.low:.2f}, {rate.high:.2f}]")
+
+
+SETTLED_BAND = 0.02  # curves have settled where the last quarter's rise lies within +-this (about one evaluation's SD)
+
+
+def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
+    """The mean held-out evaluation of a condition's last quarter minus the quarter before, and what it says."""
+    ci = mean_ci(by_seed(runs, "eval_rise"))
+    if not ci.resolved:
+        return ci, "–"
+    return ci, ("settled" if -SETTLED_BAND < ci.low and ci.high < SETTLED_BAND else "still rising" if ci.low > 0
+                else "falling" if ci.high < 0 else "not shown to settle")
+
+
+KINDS: dict[str, type[Claim]] = {"compare": Compare, "across": Across, "level": Level, "stabler": Stabler,
+                                 "collapses": Collapses}
+
+
+# ---------------------------------------------------------------- the file
 
 
 @dataclass
@@ -101,508 +302,177 @@ class Claims:
     claims: list[Claim]
     headline: str | None = None  # the sweep whose headline figure leads the results page
     recommend: list[dict] = field(default_factory=list)  # settings for the recommendation (vespo.lab.recommend)
+    together: list[list[int]] = field(default_factory=list)  # claims (1-based) read side by side
     source: str = ""
-
-
-@dataclass
-class Verdict:
-    claim: Claim
-    measured: str
-    verdict: str
-    parts: list[str] = field(default_factory=list)
-    robustness: str = ""  # robust | supported | unclear | fragile | too few seeds | "" (no label)
-
-
-# ---------------------------------------------------------------- the file
 
 
 def load_claims(path: str | Path) -> Claims:
     path = Path(path)
-    if not path.is_file():
-        raise ClaimsError(f"claims file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, ClaimsError) or {}
     if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
         raise ClaimsError(f"{path}: expected a mapping with a 'claims' list")
-    unknown = set(data) - {"claims", "headline", "recommend"}
+    unknown = set(data) - {"claims", "headline", "recommend", "read_together"}
     if unknown:
-        raise ClaimsError(f"{path}: unknown key(s) {sorted(unknown)}; valid: claims, headline, recommend")
-    recommend = data.get("recommend") or []
-    if not isinstance(recommend, list) or not all(isinstance(r, dict) for r in recommend):
-        raise ClaimsError(f"{path}: recommend must be a list of mappings")
-    return Claims([_claim(c, f"{path.name}, claim {i + 1}") for i, c in enumerate(data["claims"])],
-                  data.get("headline"), recommend, str(path))
+        raise ClaimsError(f"{path}: unknown key(s) {sorted(unknown)}; valid: claims, headline, recommend, read_together")
+    claims = [parse_claim(c, f"{path.name}, claim {i + 1}") for i, c in enumerate(data["claims"])]
+    together = data.get("read_together") or []
+    if not all(isinstance(t, list) and all(isinstance(i, int) and 1 <= i <= len(claims) for i in t) for t in together):
+        raise ClaimsError(f"{path}: read_together must be lists of claim numbers 1..{len(claims)}")
+    return Claims(claims, data.get("headline"), data.get("recommend") or [], together, str(path))
 
 
-def _claim(c: Any, where: str) -> Claim:
-    if not isinstance(c, dict):
-        raise ClaimsError(f"{where}: must be a mapping, got {c!r}")
-    valid = {"paper", "sweep", "metric", "expect", "control", *KINDS}
-    if set(c) - valid:
-        raise ClaimsError(f"{where}: unknown key(s) {sorted(set(c) - valid)}; valid: {sorted(valid)}")
-    for key in ("paper", "sweep", "expect"):
-        if key not in c:
-            raise ClaimsError(f"{where}: missing {key!r}")
-    kinds = [k for k in KINDS if k in c]
+def parse_claim(entry: Any, where: str) -> Claim:
+    if not isinstance(entry, dict):
+        raise ClaimsError(f"{where}: must be a mapping, got {entry!r}")
+    kinds = [k for k in KINDS if k in entry]
     if len(kinds) != 1:
         raise ClaimsError(f"{where}: give exactly one of {', '.join(KINDS)}, got {kinds or 'none'}")
-    kind, metric = kinds[0], c.get("metric", "eval_sampled")
-    if metric not in METRICS:
-        raise ClaimsError(f"{where}: metric {metric!r} unknown; choose one of {', '.join(METRICS)}")
-    expect, margin = _expect(c["expect"], kind, where)
-    spec = _spec(c[kind], kind, where)
-    if kind == "across" and expect not in TREND_EXPECT and not spec["b"]:
-        raise ClaimsError(f"{where}: across with expect {c['expect']!r} compares a with b at each value; give b")
-    control = _control(c.get("control"), kind, where)
-    if kind == "collapses" and expect == "none" and control is None:
-        raise ClaimsError(f"{where}: a 'none' collapse claim needs a control: {{sweep, where}} selecting runs where the "
-                          "rule fires (otherwise 'no collapse' says nothing about the loss)")
-    return Claim(str(c["paper"]), str(c["sweep"]), kind, spec, expect, margin, metric, where, control)
-
-
-def _spec(spec: Any, kind: str, where: str) -> dict:
-    if kind in ("compare", "across"):
-        keys = {"a", "b"} if kind == "compare" else {"a", "b", "over", "at"}
-        if not isinstance(spec, dict) or "a" not in spec or set(spec) - keys or (kind == "compare" and "b" not in spec) \
-                or (kind == "across" and "over" not in spec):
-            form = ("{a: {axis: value}, b: {...} or [{...}, ...]}" if kind == "compare" else
-                    "{a: {axis: value}, b: {...} or [...] (optional), over: AXIS, at: [values] (optional)}")
-            raise ClaimsError(f"{where}: {kind} must be {form}")
-        bs = spec.get("b", [])
-        bs = bs if isinstance(bs, list) else [bs]
-        if not all(isinstance(x, dict) for x in [spec["a"], *bs]):
-            raise ClaimsError(f"{where}: {kind}.a and {kind}.b must be mappings axis -> value")
-        out = {"a": spec["a"], "b": bs}
-        if kind == "across":
-            at = spec.get("at")
-            if at is not None and not isinstance(at, list):
-                raise ClaimsError(f"{where}: across.at must be a list of values of {spec['over']!r}")
-            out.update(over=str(spec["over"]), at=[str(v) for v in at] if at else None)
-        return out
-    if not isinstance(spec, dict):
-        raise ClaimsError(f"{where}: {kind} must be a mapping axis -> value(s)")
-    return spec
-
-
-def _expect(value: Any, kind: str, where: str) -> tuple[str, float]:
-    allowed = {"compare": PAIRED_EXPECT, "across": PAIRED_EXPECT + TREND_EXPECT, "collapses": COLLAPSE_EXPECT,
-               "lr_range": ("widest",)}[kind]
-    if isinstance(value, dict) and len(value) == 1 and kind in ("compare", "across"):
-        (name, margin), = value.items()
-        if name in ("within", "at_least") and isinstance(margin, (int, float)):
-            if name == "within" and margin <= 0:
-                raise ClaimsError(f"{where}: within needs a margin > 0, got {margin}")
-            return name, float(margin)
-    elif isinstance(value, str) and value in allowed and value not in ("within", "at_least"):
-        return value, math.nan
-    raise ClaimsError(f"{where}: expect {value!r} is not valid for {kind}; choose one of "
-                      + ", ".join(f"{{{a}: margin}}" if a in ("within", "at_least") else a for a in allowed))
-
-
-def _control(control: Any, kind: str, where: str) -> dict | None:
-    if control is None:
-        return None
-    if kind != "collapses":
-        raise ClaimsError(f"{where}: control applies to collapses claims only")
-    if not isinstance(control, dict) or set(control) != {"sweep", "where"} or not isinstance(control["where"], dict):
-        raise ClaimsError(f"{where}: control must be {{sweep: NAME, where: {{axis: value}}}}")
-    return {"sweep": str(control["sweep"]), "where": control["where"]}
-
-
-def check_claims(claims: Claims, records: dict[str, dict]) -> None:
-    """Check every claim against its sweep's grid (records by sweep name: {"name", "axes"}), before
-    anything has run: the sweep exists, the selections use its axes and values, a comparison fixes
-    every axis but the seed (and, across, the `over` axis)."""
-    if claims.headline is not None and claims.headline not in records:
-        raise ClaimsError(f"{claims.source}: headline sweep {claims.headline!r} is not one of {sorted(records)}")
-    for c in claims.claims:
-        if c.sweep not in records:
-            raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(records)}")
-        record = records[c.sweep]
-        try:
-            _check_claim(c, record, records)
-        except ValueError as e:
-            raise ClaimsError(f"{c.where}: {e}") from None
-
-
-def _check_claim(c: Claim, record: dict, records: dict[str, dict]) -> None:
-    sides = [c.spec["a"], *c.spec["b"]] if c.kind in ("compare", "across") else [c.spec]
-    for where in sides:
-        select(record, [], where)
-    if c.kind in ("compare", "across"):
-        axes = {a["label"]: a["values"] for a in record["axes"]}
-        open_ok = {SEED_AXIS} | ({c.spec["over"]} if c.kind == "across" else set())
-        if c.kind == "across":
-            if c.spec["over"] not in axes:
-                raise ValueError(f"across.over {c.spec['over']!r} is not an axis of sweep {c.sweep!r}; axes: {list(axes)}")
-            select(record, [], {c.spec["over"]: c.spec["at"] or axes[c.spec["over"]]})
-            _log2_values(axes[c.spec["over"]], c.spec["over"])
-        free = [a for a, v in axes.items() if a not in open_ok and len(v) > 1]
-        for side, where in [("a", c.spec["a"]), *(("b", b) for b in c.spec["b"])]:
-            if set(free) - set(where):
-                raise ValueError(f"{c.kind}.{side} {where} leaves the axis/axes {sorted(set(free) - set(where))} "
-                                 "open; a comparison names one condition")
-    if c.kind == "lr_range" and LR_AXIS not in [a["label"] for a in record["axes"]]:
-        raise ValueError(f"sweep {c.sweep!r} has no {LR_AXIS!r} axis")
-    if c.control is not None:
-        if c.control["sweep"] not in records:
-            raise ValueError(f"control sweep {c.control['sweep']!r} is not one of {sorted(records)}")
-        select(records[c.control["sweep"]], [], c.control["where"])
-
-
-def _log2_values(values: list[str], axis: str) -> list[float]:
-    try:
-        return [math.log2(float(v)) for v in values]
-    except ValueError:
-        raise ValueError(f"axis {axis!r} has values {values} that are not positive numbers: no trend over it") from None
-
-
-# ---------------------------------------------------------------- evaluation
-
-
-Sweeps = dict[str, tuple[dict, list[RunResult]]]  # sweep name -> (record, results)
-
-
-def evaluate(claims: Claims, sweeps: Sweeps) -> list[Verdict]:
-    out = []
-    for claim in claims.claims:
-        if claim.sweep not in sweeps:
-            out.append(Verdict(claim, f"sweep {claim.sweep!r} not run", NOT_RUN))
-            continue
-        record, results = sweeps[claim.sweep]
-        try:
-            judge = {"compare": _compare, "across": _across, "collapses": _collapses, "lr_range": _lr}[claim.kind]
-            out.append(judge(claim, record, results, sweeps))
-        except ValueError as e:
-            raise ClaimsError(f"{claim.where}: {e}") from None
-    return out
-
-
-def _compare(claim: Claim, record: dict, results: list[RunResult], sweeps: Sweeps) -> Verdict:
-    a_runs = _one_condition(record, results, claim.spec["a"], "a")
-    parts, verdicts, labels = [], [], []
-    for b in claim.spec["b"]:
-        b_runs = _one_condition(record, results, b, "b")
-        name = ", ".join(f"{k}={v}" for k, v in b.items() if str(claim.spec["a"].get(k)) != str(v)) or "b"
-        text, verdict, label = _paired_part(claim, a_runs, b_runs)
-        parts.append(f"vs {name}: {text}")
-        verdicts.append(verdict)
-        labels.append(label)
-    return Verdict(claim, f"{claim.metric} difference " + "; ".join(parts), combine(verdicts), parts, weakest(labels))
-
-
-def _paired_part(claim: Claim, a_runs: list[RunResult], b_runs: list[RunResult]) -> tuple[str, str, str]:
-    """(text, verdict, robustness) of one paired comparison."""
-    if not any(r.usable for r in a_runs) or not any(r.usable for r in b_runs):
-        return "no finished runs", NOT_RUN, ""
-    p = paired_difference(by_seed(a_runs, claim.metric), by_seed(b_runs, claim.metric))
-    return paired_text(p), paired_verdict(p, claim.expect, claim.margin), robustness(p, claim.expect, claim.margin)
-
-
-def _across(claim: Claim, record: dict, results: list[RunResult], sweeps: Sweeps) -> Verdict:
-    over = claim.spec["over"]
-    values = claim.spec["at"] or _present(record, results, over)
-    if claim.expect in TREND_EXPECT:
-        return _trend(claim, record, results, values)
-    parts, verdicts, labels = [], [], []
-    for b in claim.spec["b"] or [{}]:
-        for v in values:
-            a_where, b_where = {over: v, **claim.spec["a"]}, {over: v, **b}
-            if a_where == b_where:
-                continue
-            text, verdict, label = _paired_part(claim, _one_condition(record, results, a_where, "a"),
-                                                _one_condition(record, results, b_where, "b"))
-            name = ", ".join(f"{k}={x}" for k, x in b.items() if str(claim.spec["a"].get(k)) != str(x))
-            parts.append(f"{over}={v}" + (f" vs {name}" if name else "") + f": {text}")
-            verdicts.append(verdict)
-            labels.append(label)
-    return Verdict(claim, f"{claim.metric} difference at each {over}: " + "; ".join(parts), combine(verdicts), parts,
-                   weakest(labels))
-
-
-def _present(record: dict, results: list[RunResult], axis: str) -> list[str]:
-    values = next(a["values"] for a in record["axes"] if a["label"] == axis)
-    return [v for v in values if any(r.labels.get(axis) == v for r in results)]
-
-
-def _trend(claim: Claim, record: dict, results: list[RunResult], values: list[str]) -> Verdict:
-    """The slope per doubling of the `over` axis of (a - b), or of a, seed by seed, with its interval;
-    and the value at each point of the axis (a - b, or a minus a at the first value)."""
-    if claim.spec["b"][1:]:
-        raise ValueError("a trend takes at most one b")
-    over, b = claim.spec["over"], (claim.spec["b"] or [None])[0]
-    xs = _log2_values(values, over)
-    series = _series(claim, record, results, values, xs)
-    parts = _trend_parts(series, over, values, xs, relative=b is None)
-    slopes = {s: _slope(pts) for s, pts in series.items() if len(pts) >= 2}
-    if not slopes:
-        return Verdict(claim, "no finished runs", NOT_RUN, parts)
-    p = _as_paired(slopes)
-    head = f"{claim.metric}" + (f" difference vs {', '.join(f'{k}={x}' for k, x in b.items())}" if b else "")
-    measured = f"{head}, slope per doubling of {over}: {paired_text(p)}; " + "; ".join(parts)
-    expect = "greater" if claim.expect == "increasing" else "less"
-    return Verdict(claim, measured, paired_verdict(p, expect), parts, robustness(p))
-
-
-def _series(claim: Claim, record: dict, results: list[RunResult], values: list[str],
-            xs: list[float]) -> dict[str, dict[float, float]]:
-    """{seed: {log2 x: a - b (or a) at x}} over the `over` axis values."""
-    over, b = claim.spec["over"], (claim.spec["b"] or [None])[0]
-    series: dict[str, dict[float, float]] = {}
-    for v, x in zip(values, xs):
-        y = by_seed(_one_condition(record, results, {over: v, **claim.spec["a"]}, "a"), claim.metric)
-        if b is not None:
-            y = _diff(y, by_seed(_one_condition(record, results, {over: v, **b}, "b"), claim.metric))
-        for seed, value in y.items():
-            if math.isfinite(value):
-                series.setdefault(seed, {})[x] = value
-    return series
-
-
-def _trend_parts(series: dict[str, dict[float, float]], over: str, values: list[str], xs: list[float],
-                 relative: bool) -> list[str]:
-    """The series at each value, paired by seed; ``relative``: minus its value at the first one."""
-    parts = []
-    for v, x in zip(values, xs):
-        at = {s: pts[x] for s, pts in series.items() if x in pts}
-        if not relative:
-            parts.append(f"{over}={v}: {paired_text(_as_paired(at))}")
-        elif v != values[0]:
-            first = {s: pts[xs[0]] for s, pts in series.items() if xs[0] in pts}
-            parts.append(f"{over}={v} minus {over}={values[0]}: {paired_text(_as_paired(_diff(at, first)))}")
-    return parts
-
-
-def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {s: a[s] - b[s] for s in a if s in b and math.isfinite(a[s]) and math.isfinite(b[s])}
-
-
-def _as_paired(d: dict[str, float]) -> Paired:
-    return paired_difference(d, {s: 0.0 for s in d})
-
-
-def _slope(points: dict[float, float]) -> float:
-    x = np.array(list(points), dtype=np.float64)  # [k] log2 of the axis values
-    y = np.array(list(points.values()), dtype=np.float64)  # [k]
-    xc = x - x.mean()
-    return float((xc * (y - y.mean())).sum() / (xc ** 2).sum())
-
-
-def _one_condition(record: dict, results: list[RunResult], where: dict, side: str) -> list[RunResult]:
-    runs = select(record, results, where)
-    cells = group(runs, conditions(record))
-    if len(cells) > 1:
-        free = [a for a in conditions(record) if len({k[conditions(record).index(a)] for k in cells}) > 1]
-        raise ValueError(f"{side} {where} selects {len(cells)} conditions; fix the axis/axes {free}")
-    return runs
-
-
-def paired_text(p: Paired) -> str:
-    d = p.diff
-    if d.n == 0:
-        return "no common seeds"
-    ci = f" [{d.low:+.3f}, {d.high:+.3f}]" if d.resolved else " (one seed: no interval)"
-    return f"{d.mean:+.3f}{ci}, {d.n} seeds, higher in {p.wins}"
-
-
-def paired_verdict(p: Paired, expect: str, margin: float = math.nan) -> str:
-    d = p.diff
-    if expect == "report":
-        return NO_VERDICT
-    if d.n == 0:
-        return NOT_RUN
-    if d.n < MIN_SEEDS:
-        return TOO_FEW
-    lo, hi = round(d.low, 12), round(d.high, 12)  # an endpoint on a boundary up to float rounding is on it
-    if expect == "greater":
-        return AGREES if lo > 0 else DISAGREES if hi < 0 else UNRESOLVED
-    if expect == "less":
-        return AGREES if hi < 0 else DISAGREES if lo > 0 else UNRESOLVED
-    if expect == "within":
-        return AGREES if -margin < lo and hi < margin else DISAGREES if lo > margin or hi < -margin else UNRESOLVED
-    if expect == "at_least":
-        return AGREES if lo > margin else DISAGREES if hi < margin else UNRESOLVED
-    raise ValueError(f"unknown expectation {expect!r}")
-
-
-def robustness(p: Paired, expect: str = "greater", margin: float = math.nan) -> str:
-    """How firmly the seeds decide a comparison, against the line its claim draws (0, or the margin):
-    robust = the interval lies on one side of it and at least ROBUST_SHARE of at least ROBUST_SEEDS
-    seeds do too, each on its own; supported = the interval lies on one side; unclear = it does not;
-    too few seeds = no interval."""
-    d = p.diff
-    if d.n < MIN_SEEDS:
-        return TOO_FEW if d.n else ""
-    if expect == "within":
-        inside = [abs(x) < margin for x in p.values]
-        if -margin < d.low and d.high < margin:
-            side = sum(inside)
-        elif d.low > margin or d.high < -margin:
-            side = len(inside) - sum(inside)
-        else:
-            return UNCLEAR
+    body = entry[kinds[0]]
+    if kinds[0] in ("compare", "across", "stabler"):
+        if not isinstance(body, dict):
+            raise ClaimsError(f"{where}: {kinds[0]} must be a mapping {{a: ..., b: ...}}")
+        body = {**body, **({"b": body["b"] if isinstance(body["b"], list) else [body["b"]]} if "b" in body else {})}
     else:
-        line = margin if expect == "at_least" else 0.0
-        if not (d.low > line or d.high < line):
-            return UNCLEAR
-        side = sum(x > line for x in p.values) if d.low > line else sum(x < line for x in p.values)
-    return ROBUST if d.n >= ROBUST_SEEDS and side >= ROBUST_SHARE * d.n else SUPPORTED
+        body = {"select": body if kinds[0] == "collapses" or isinstance(body, list) else [body]}
+    try:
+        return KINDS[kinds[0]].model_validate({**{k: v for k, v in entry.items() if k != kinds[0]}, **body,
+                                               "where": where})
+    except ValidationError as e:
+        raise ClaimsError(f"{where}: {kinds[0]}: {one_line(e)}") from None
 
 
-def weakest(labels: list[str]) -> str:
-    order = [TOO_FEW, FRAGILE, UNCLEAR, SUPPORTED, ROBUST]
-    ranked = [x for x in labels if x in order]
-    return min(ranked, key=order.index) if ranked else ""
+def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) -> None:
+    """Check every claim against its sweep's grid before anything is judged: the sweep exists (unless
+    not ``strict``: then a claim of a sweep not given is left to say "not run"), the selections use its
+    axes and values, a comparison names one condition (every axis but the seed and `over` fixed)."""
+    if strict and claims.headline is not None and claims.headline not in sweeps:
+        raise ClaimsError(f"{claims.source}: headline sweep {claims.headline!r} is not one of {sorted(sweeps)}")
+    for c in claims.claims:
+        if c.sweep not in sweeps:
+            if not strict:
+                continue
+            raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(sweeps)}")
+        values, over = sweeps[c.sweep].values, getattr(c, "over", None)
+        try:
+            if over is not None and over not in values:
+                raise ValueError(f"{over!r} is not an axis of sweep {c.sweep!r}; axes: {list(values)}")
+            if isinstance(c, Across) and c.kind in ("increasing", "decreasing"):
+                [math.log2(float(v)) for v in values[over]]
+            for side in c.sides():
+                check_where(values, side)
+                free = [a for a in values if a not in (SEED_AXIS, over) and len(values[a]) > 1 and a not in side]
+                if free and not isinstance(c, Collapses):
+                    raise ValueError(f"{side} leaves the axis/axes {free} open; a comparison names one condition")
+            if isinstance(c, Collapses) and c.control is not None and (strict or c.control["sweep"] in sweeps):
+                if c.control["sweep"] not in sweeps:
+                    raise ValueError(f"control sweep {c.control['sweep']!r} is not one of {sorted(sweeps)}")
+                check_where(sweeps[c.control["sweep"]].values, c.control["where"])
+        except ValueError as e:
+            raise ClaimsError(f"{c.where}: sweep {c.sweep!r}: {e}") from None
 
 
-def combine(verdicts: list[str]) -> str:
-    """One verdict for a claim made of several comparisons."""
-    if all(v == NO_VERDICT for v in verdicts):
+def check_where(values: dict[str, list[str]], where: Where) -> None:
+    for axis, v in where.items():
+        if axis not in values:
+            raise ValueError(f"no axis {axis!r}; axes: {list(values)}")
+        bad = [str(x) for x in (v if isinstance(v, list) else [v]) if str(x) not in values[axis]]
+        if bad:
+            raise ValueError(f"{axis}={bad} not in the grid's values {values[axis]}")
+
+
+# ---------------------------------------------------------------- the verdicts
+
+
+def evaluate(claims: Claims, sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Verdict]:
+    """Every claim judged, then decided together (`decide`)."""
+    check_claims(claims, sweeps, strict=False)
+    return decide([c.judge(runs) for c in claims.claims])
+
+
+def decide(verdicts: list[Verdict]) -> list[Verdict]:
+    """Holm over the tests of every verdict, one family per reading (the claims' own metrics, greedy,
+    last-quarter mean); then each claim's verdict on each reading, and the claim's verdict."""
+    families: dict[int, list[Test]] = {}
+    for v in verdicts:
+        for i, tests in enumerate(v.readings.values()):
+            families.setdefault(i, []).extend(t for t in tests if t.verdict and t.n >= MIN_SEEDS)
+    for tests in families.values():
+        for t, p in zip(tests, holm([t.p for t in tests])):
+            t.adjusted = p
+    for v in verdicts:
+        if not v.readings:
+            continue
+        by = {m: combine([t.outcome for t in tests]) for m, tests in v.readings.items()}
+        first = next(iter(by.values()))
+        v.verdict = first if len(set(by.values())) == 1 or first == NO_VERDICT else DEPENDS
+        v.robustness = robustness(v)
+    return verdicts
+
+
+def combine(outcomes: list[str]) -> str:
+    """One verdict for a claim made of several tests: agrees only if all do; any disagreement disagrees."""
+    if not outcomes or all(o == NO_VERDICT for o in outcomes):
         return NO_VERDICT
-    if all(v == NOT_RUN for v in verdicts):
-        return NOT_RUN
-    if any(v == DISAGREES for v in verdicts):
-        return DISAGREES
-    if all(v == AGREES for v in verdicts):
-        return AGREES
-    if any(v == TOO_FEW for v in verdicts) and not any(v == UNRESOLVED for v in verdicts):
+    for verdict, rule in ((NOT_RUN, all), (DISAGREES, any), (AGREES, all)):
+        if rule(o == verdict for o in outcomes):
+            return verdict
+    return TOO_FEW if TOO_FEW in outcomes and UNRESOLVED not in outcomes else UNRESOLVED
+
+
+def robustness(v: Verdict) -> str:
+    """robust: resolved on every reading, by at least ROBUST_SHARE of at least ROBUST_SEEDS seeds on its
+    side in each test that decides it; supported: resolved on every reading; unclear: not resolved."""
+    tests = next(iter(v.readings.values()))
+    if v.verdict == NO_VERDICT or not tests:
+        return ""
+    if any(t.outcome == TOO_FEW for t in tests):
         return TOO_FEW
-    return UNRESOLVED
+    if v.verdict not in (AGREES, DISAGREES):
+        return UNCLEAR
+    deciding = [t for t in tests if t.outcome == v.verdict]
+    return ROBUST if all(t.n >= ROBUST_SEEDS and t.share >= ROBUST_SHARE for t in deciding) else SUPPORTED
 
 
-# ---------------------------------------------------------------- collapse claims
+def measured(v: Verdict) -> str:
+    """What a verdict rests on, in words: each test with its Holm-adjusted p, and the readings that differ."""
+    if not v.readings:
+        return v.text
+    (metric, tests), *others = v.readings.items()
+    head = "collapses" if metric == "collapsed" else f"{metric} difference" if not isinstance(v.claim, Level) else metric
+    parts = [f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else "")
+             for t in tests]
+    text = f"{head}: " + "; ".join(parts)
+    if v.verdict == DEPENDS:
+        by = {m: combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
+        text += f"; {by[metric]} on {READINGS[metric]}, but " + "; ".join(
+            f"{by[m]} on {READINGS[m]} (" + "; ".join(f"{t.name} {ci_text(t.ci, signed=True)}" for t in ts) + ")"
+            for m, ts in others if by[m] != by[metric])
+    return text
 
 
-def _collapses(claim: Claim, record: dict, results: list[RunResult], sweeps: Sweeps) -> Verdict:
-    runs = [r for r in select(record, results, claim.spec) if r.usable]
-    if not runs:
-        return Verdict(claim, "no finished runs", NOT_RUN)
-    text = collapse_text(runs)
-    verdict = collapse_verdict(sum(r.collapse.collapsed for r in runs), len(runs), claim.expect)
-    if claim.control is None:
-        return Verdict(claim, text, verdict)
-    control = _control_runs(claim.control, sweeps)
-    name = f"{claim.control['sweep']} " + ", ".join(f"{k}={v}" for k, v in claim.control["where"].items())
-    if not control:
-        return Verdict(claim, f"{text}; control ({name}) not run: the rule was not seen to fire", UNRESOLVED)
-    fired = sum(r.collapse.collapsed for r in control)
-    text += f"; control ({name}): {collapse_text(control)}"
-    if not fired and verdict == AGREES and claim.expect == "none":
-        return Verdict(claim, text + ": the rule fired in no control run, so 'no collapse' says nothing", UNRESOLVED)
-    return Verdict(claim, text, verdict)
-
-
-def _control_runs(control: dict, sweeps: Sweeps) -> list[RunResult]:
-    if control["sweep"] not in sweeps:
-        return []
-    record, results = sweeps[control["sweep"]]
-    return [r for r in select(record, results, control["where"]) if r.usable]
-
-
-def collapse_text(runs: list[RunResult]) -> str:
-    """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
-    dead = [r for r in runs if r.collapse.collapsed]
-    reasons: dict[str, int] = {}
-    for r in dead:
-        reasons[r.collapse.reason] = reasons.get(r.collapse.reason, 0) + 1
-    rate = rate_ci(len(dead), len(runs))
-    return (f"{len(dead)}/{len(runs)} runs collapsed"
-            + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + ")" if reasons else "")
-            + f", rate {rate.mean:.2f} [{rate.low:.2f}, {rate.high:.2f}]")
-
-
-def collapse_verdict(dead: int, runs: int, expect: str) -> str:
-    if expect == "none":
-        return AGREES if dead == 0 else DISAGREES
-    if expect == "some":  # "can collapse": none in these runs does not show it, nor refute it
-        return AGREES if dead else UNRESOLVED
-    if dead == 0 and rate_ci(0, runs).high >= 0.5:  # too few runs: none collapsing cannot rule out "most"
-        return TOO_FEW
-    return AGREES if 2 * dead >= runs else DISAGREES if dead == 0 else PARTLY
-
-
-# ---------------------------------------------------------------- the learning-rate range
-
-
-def _lr(claim: Claim, record: dict, results: list[RunResult], sweeps: Sweeps) -> Verdict:
-    ranges = lr_ranges(record, results, claim.metric)
-    mine = [r for r in ranges if all(str(r.condition.get(k)) == str(v) for k, v in claim.spec.items())]
-    if len(mine) != 1:
-        raise ValueError(f"lr_range {claim.spec} matches {len(mine)} conditions of {[r.condition for r in ranges]}")
-    target = mine[0]
-    parts = [lr_range_text(r) for r in [target, *(r for r in ranges if r is not target)]]
-    if all(p.runs == 0 for p in target.points):
-        return Verdict(claim, "no finished runs", NOT_RUN, parts)
-    # a range is "no run at any seed collapsed": with seeds still to run it can only shrink, so an
-    # unfinished grid decides nothing
-    usable, grid = sum(p.runs for r in ranges for p in r.points), planned(record)
-    if usable < grid:
-        return Verdict(claim, "; ".join(parts) + f"; {usable} of {grid} runs finished: not decided until the "
-                       "sweep is complete", UNRESOLVED, parts)
-    verdict, tied = widest_verdict(target, ranges)
-    fragile = one_run_decides(target, ranges)
-    measured = "; ".join(parts) + (f"; no wider than (tied): {', '.join(tied)}" if tied and verdict == AGREES else "")
-    measured += "; one run's collapse decides it" if fragile else "; no single run's collapse changes it"
-    return Verdict(claim, measured, verdict, parts, FRAGILE if fragile else ROBUST)
-
-
-def widest_verdict(target: LrRange, ranges: list[LrRange]) -> tuple[str, list[str]]:
-    others = [r for r in ranges if r is not target]
-    wider = [r for r in others if _width(r) > _width(target)]
-    return (DISAGREES if wider else AGREES), [_name(r) for r in others if _width(r) == _width(target)]
-
-
-def one_run_decides(target: LrRange, ranges: list[LrRange]) -> bool:
-    """Whether flipping one run (a collapse into none, or none into a collapse) changes the verdict."""
-    base, _ = widest_verdict(target, ranges)
-    for i, r in enumerate(ranges):
-        for j, p in enumerate(r.points):
-            for delta in (-1, 1):
-                if not 0 <= p.collapsed + delta <= p.runs:
-                    continue
-                points = list(r.points)
-                points[j] = LrPoint(p.lr, p.label, p.runs, p.missing, p.collapsed + delta, p.reward)
-                low, high, best = widest_stable(points)
-                flipped = LrRange(r.condition, points, low, high, best)
-                changed = [flipped if k == i else x for k, x in enumerate(ranges)]
-                if widest_verdict(changed[ranges.index(target)], changed)[0] != base:
-                    return True
-    return False
-
-
-def _width(r: LrRange) -> float:
-    return r.width if r.low is not None else 0.0
-
-
-def _name(r: LrRange) -> str:
-    return ", ".join(r.condition.values()) or "all"
-
-
-def lr_range_text(r: LrRange) -> str:
-    name = _name(r)
-    incomplete = " (incomplete)" if any(p.missing for p in r.points) else ""
-    if r.low is None:
-        return f"{name}: no stable lr{incomplete}"
-    return f"{name}: {r.width:.3g}x ({lr_text(r.low)} to {lr_text(r.high)}){incomplete}"
-
-
-# ---------------------------------------------------------------- the rules in words
-
-
-def rules_text() -> str:
-    """How a row is decided, from the constants the code uses."""
-    level = f"{CONFIDENCE:.0%}"
-    return (
-        f"How a row is decided (the rule is written beside each claim in the claims file): a paired difference over "
-        f"seeds ({METHOD}, {level}) whose interval lies above 0 agrees with a claim that it is positive, below 0 "
-        "disagrees, containing 0 is not resolved; \"within m\" agrees when the interval lies inside (-m, m); \"at "
-        "least m\" (matches or beats, m < 0) agrees when the interval lies above m. A claim across N is judged at "
-        "each N it names, or as a trend: the least-squares slope per doubling of N of each seed's values, with its "
-        f"{level} interval over seeds. Collapse claims count collapsed runs (most: at least half; some: at least one, "
-        "and none collapsing leaves \"can collapse\" not resolved; most with none collapsing is \"too few seeds\" "
-        "until the rate's interval lies below one half, from 5 runs on; none: zero, and only beside a control "
-        "setting where the rule fired); the lr-range claim compares the widest learning-rate interval with no collapsed run. "
-        f"A claim made of several comparisons agrees only if all of them do. Fewer than {MIN_SEEDS} common seeds: "
-        f"\"too few seeds\". Robustness, against the line a claim draws (0, or its margin): *{ROBUST}* = the "
-        f"interval lies on one side of it and so do at least {ROBUST_SHARE:.0%} of at least {ROBUST_SEEDS} seeds, each "
-        f"on its own; *{SUPPORTED}* = the interval lies on one side; *{UNCLEAR}* = it does not; *{FRAGILE}* = one "
-        "run's collapse would change an lr-range verdict.")
+def together_text(verdicts: list[Verdict], numbers: list[int], runs: pd.DataFrame) -> str:
+    """Claims that make the same comparison at different budgets (optimizer steps), read side by side."""
+    vs = [verdicts[i - 1] for i in numbers]
+    budget = {v.claim.sweep: int(runs[runs.sweep == v.claim.sweep].updates.max()) for v in vs
+              if (runs.sweep == v.claim.sweep).any()}
+    tests = {(i, t.name): (v, t) for i, v in zip(numbers, vs) for t in next(iter(v.readings.values()), [])}
+    lines = []
+    for name in dict.fromkeys(n for _, n in tests):
+        seen = [(i, *tests[(i, name)]) for i in numbers if (i, name) in tests]
+        if len(seen) < 2 or any(v.claim.sweep not in budget for _, v, _ in seen):
+            continue
+        seen.sort(key=lambda x: budget[x[1].claim.sweep])
+        lines.append(f"{name}: " + "; ".join(f"after {budget[v.claim.sweep]} updates {t.text} (claim {i}: {v.verdict})"
+                                            for i, v, t in seen) + ".")
+        (_, v1, t1), (_, v2, t2) = seen[0], seen[-1]
+        if t1.ci and t2.ci and t1.ci.resolved and t2.ci.resolved:
+            has0 = [ci.low <= 0 <= ci.high for ci in (t1.ci, t2.ci)]
+            apart = t1.ci.high < t2.ci.low or t2.ci.high < t1.ci.low or has0[0] != has0[1]
+            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[v1.claim.sweep]} "
+                         f"updates and between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[v2.claim.sweep]}"
+                         + (": what the shorter runs measure does not hold for the longer ones." if apart else
+                            ": the two budgets agree within their intervals."))
+    if not lines:
+        return ""
+    return f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): " + \
+        " ".join(lines)

@@ -1,7 +1,5 @@
 """Sweep files: a base config plus a grid of overrides, expanded into one run per grid point.
 
-A sweep file (YAML):
-
     name: staleness
     description: "why the grid is what it is"   # printed above the sweep's tables (optional)
     base: ../demo.yaml             # a config file (relative to this file) or an inline mapping
@@ -11,23 +9,17 @@ A sweep file (YAML):
                                     # (optional: true = outside the lab's time budget)
     grid:                           # the runs are the Cartesian product of the axes, in this order
       loss.name: [grpo, gspo, sapo, vespo]       # a config field and its values
-      staleness.n: [1, 8, 32]
       variant:                                   # or a named axis: label -> list of overrides
         asym: [loss.options.k_pos=2.0, loss.options.lambda_pos=3.0]
         sym: [loss.options.k_pos=2.0, loss.options.lambda_pos=2.0]
       run.seed: [0, 1, 2]
     exclude:                        # grid points left out: any point matching one entry (optional)
-      - {loss: [gspo, sapo], seed: ["5", "6", "7", "8", "9"]}    # e.g. 5 seeds for some losses, 10 for others
+      - {loss: [gspo, sapo], seed: ["5", "6", "7", "8", "9"]}
 
 Each grid point gets labels (axis label -> value) and a directory name built from them, e.g.
-``loss=vespo,N=32,seed=0``. Axis labels: ``loss.name`` -> loss, ``staleness.n`` -> N,
-``run.seed`` -> seed, ``optim.lr`` -> lr, ``model.arch`` -> model, ``loss.options.length_norm`` ->
-length_norm, any other field -> its dotted name, a named axis -> its own name.
-
-``reference`` names one value of one axis (default: ``loss: vespo`` when the grid has that value):
-`vespo report` gives every other value's difference from it, seed by seed. ``cost`` is the sweep
-file's own assumption of what one run costs, which `vespo sweep --dry-run` turns into an expected
-wall time.
+``loss=vespo,N=32,seed=0``. Axis labels: SHORT, else the dotted field, or a named axis's own name.
+``reference`` defaults to ``loss: vespo`` when the grid has it. A sweep directory's sweep.json is
+``Sweep.record()``, read back with ``Sweep.from_record`` (with the directory's sessions).
 """
 
 from __future__ import annotations
@@ -36,15 +28,15 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
 
 from vespo.errors import UserError
 
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
          "model.arch": "model", "loss.options.length_norm": "length_norm"}
-KEYS = ("base", "cost", "description", "exclude", "grid", "name", "overrides", "reference")
 SEED_AXIS = "seed"
 
 
@@ -52,65 +44,61 @@ class SweepError(UserError, ValueError):
     """A sweep file is malformed; the message names the file and the key."""
 
 
-@dataclass
-class Axis:
-    label: str  # "loss", "N", "seed", "variant", ...
-    values: list[str]  # value labels, in the file's order
-    overrides: list[list[str]]  # overrides of each value
+def read_yaml(path: Path, error: type[Exception]) -> Any:
+    """A YAML file's data; a missing or unreadable file is ``error`` naming it."""
+    if not path.is_file():
+        raise error(f"file not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not YAML: {e}") from None
 
-    def pick(self, i: int) -> tuple[str, list[str]]:
-        return self.values[i], self.overrides[i]
+
+def one_line(e: ValidationError) -> str:
+    """A pydantic error in one line: the first problem, at its dotted place."""
+    first = e.errors()[0]
+    return ".".join(str(x) for x in first["loc"]) + ": " + first["msg"]
 
 
-@dataclass(frozen=True)
-class Cost:
+def _override(x: str) -> str:
+    if "=" not in x:
+        raise ValueError(f"{x!r} is not a 'section.field=value' override")
+    return x
+
+
+Override = Annotated[str, AfterValidator(_override)]
+
+
+class Cost(BaseModel):
     """The sweep file's assumption of the cost of one run (not a measurement)."""
 
-    run_s: float  # wall seconds of one run ...
-    jobs: int  # ... when this many runs share the machine (`--jobs`)
-    note: str = ""  # what the number rests on
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    run_s: PositiveFloat  # wall seconds of one run ...
+    jobs: PositiveInt = 1  # ... when this many runs share the machine (`--jobs`)
+    note: str = ""
     optional: bool = False  # outside the lab's time budget
 
     def wall_s(self, runs: int) -> float:
         return runs * self.run_s / self.jobs
 
 
-@dataclass
-class Sweep:
-    name: str
-    base: dict  # the base config as plain data
-    overrides: list[str]
-    axes: list[Axis]
-    source: str = ""  # the sweep file, for error messages
-    reference: dict[str, str] = field(default_factory=dict)  # {axis label: value} paired against, or {}
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    description: str = ""
+    base: str | dict = {}
+    overrides: list[Override] = []
+    reference: dict[str, Any] | None = None
     cost: Cost | None = None
-    exclude: list[dict[str, list[str]]] = field(default_factory=list)  # points matching one entry are left out
-    description: str = ""  # the file's own words on its grid, printed above the sweep's tables
-
-    def points(self) -> list[GridPoint]:
-        """Every grid point not excluded, in row-major order of the axes."""
-        out = []
-        for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
-            labels, overrides = {}, list(self.overrides)
-            for axis, i in zip(self.axes, combo):
-                value, ov = axis.pick(i)
-                labels[axis.label] = value
-                overrides += ov
-            if not excluded(labels, self.exclude):
-                out.append(GridPoint(labels, overrides))
-        return out
+    grid: dict[str, Any]
+    exclude: list[dict[str, Any]] = []
 
 
-def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
-    """Whether a grid point's labels match one of the sweep's ``exclude`` entries."""
-    return any(all(labels.get(axis) in values for axis, values in entry.items()) for entry in exclude)
-
-
-def planned(record: dict) -> int:
-    """How many runs a sweep directory's grid (its sweep.json record) holds, exclusions left out."""
-    axes = record["axes"]
-    combos = itertools.product(*(a["values"] for a in axes))
-    return sum(not excluded(dict(zip([a["label"] for a in axes], c)), record.get("exclude", [])) for c in combos)
+@dataclass
+class Axis:
+    label: str  # "loss", "N", "seed", "variant", ...
+    values: list[str]  # value labels, in the file's order
+    overrides: list[list[str]] = field(default_factory=list)  # overrides of each value
 
 
 @dataclass
@@ -120,121 +108,131 @@ class GridPoint:
 
     @property
     def name(self) -> str:
-        return ",".join(f"{k}={_safe(v)}" for k, v in self.labels.items())
+        return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9_.+-]', '_', v)}" for k, v in self.labels.items())
 
 
-def _safe(value: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))
+@dataclass
+class Sweep:
+    name: str
+    axes: list[Axis]
+    base: dict = field(default_factory=dict)  # the base config as plain data
+    overrides: list[str] = field(default_factory=list)
+    source: str = ""  # the sweep file
+    reference: dict[str, str] = field(default_factory=dict)  # {axis: value} paired against, or {}
+    cost: Cost | None = None
+    exclude: list[dict[str, list[str]]] = field(default_factory=list)
+    description: str = ""
+    sessions: list[dict] = field(default_factory=list)  # sessions.jsonl of its directory (vespo.lab.provenance)
+
+    @property
+    def values(self) -> dict[str, list[str]]:
+        return {a.label: a.values for a in self.axes}
+
+    @property
+    def conditions(self) -> list[str]:
+        """The axes that define a condition: every grid axis except the seed."""
+        return [a.label for a in self.axes if a.label != SEED_AXIS]
+
+    def points(self) -> list[GridPoint]:
+        """Every grid point not excluded, in row-major order of the axes."""
+        out = []
+        for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
+            labels = {a.label: a.values[i] for a, i in zip(self.axes, combo)}
+            if not excluded(labels, self.exclude):
+                out.append(GridPoint(labels, self.overrides + [o for a, i in zip(self.axes, combo) for o in a.overrides[i]]))
+        return out
+
+    def record(self) -> dict:
+        return {"name": self.name, "source": self.source, "overrides": self.overrides,
+                "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in self.axes],
+                "reference": self.reference, "exclude": self.exclude,
+                **({"description": self.description} if self.description else {})}
+
+    @classmethod
+    def from_record(cls, r: dict, sessions: list[dict] | None = None) -> Sweep:
+        axes = [Axis(a["label"], a["values"], a.get("overrides") or [[] for _ in a["values"]]) for a in r["axes"]]
+        return cls(r["name"], axes, {}, r.get("overrides", []), r.get("source", ""), r.get("reference") or {}, None,
+                   r.get("exclude", []), r.get("description", ""), sessions or [])
+
+
+def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
+    return any(all(labels.get(axis) in values for axis, values in entry.items()) for entry in exclude)
 
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file; a relative ``base`` path is taken from the sweep file's folder."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, SweepError) or {}
     if not isinstance(data, dict):
         raise SweepError(f"{path}: the top level must be a mapping")
-    unknown = set(data) - set(KEYS)
-    if unknown:
-        raise SweepError(f"{path}: unknown key(s) {sorted(unknown)}; valid: {', '.join(KEYS)}")
-    axes = _axes(data.get("grid"), path)
-    return Sweep(name=str(data.get("name") or path.stem), base=_base(data.get("base"), path),
-                 overrides=_str_list(data.get("overrides", []), f"{path}: overrides"), axes=axes, source=str(path),
-                 reference=_reference(data.get("reference"), axes, path), cost=_cost(data.get("cost"), path),
-                 exclude=_exclude(data.get("exclude"), axes, path),
-                 description=_description(data.get("description"), path))
+    try:
+        f = _File.model_validate(data)
+    except ValidationError as e:
+        raise SweepError(f"{path}: {one_line(e)}") from None
+    axes = _axes(f.grid, path)
+    values = {a.label: a.values for a in axes}
+    return Sweep(f.name or path.stem, axes, _base(f.base, path), f.overrides, str(path),
+                 _reference(f.reference, values, path), f.cost, _exclude(f.exclude, values, path),
+                 " ".join(f.description.split()))
 
 
-def _base(base: Any, path: Path) -> dict:
-    if base is None:
-        return {}
+def _base(base: str | dict, path: Path) -> dict:
     if isinstance(base, dict):
         return base
-    if not isinstance(base, str):
-        raise SweepError(f"{path}: base must be a config path or a mapping, got {base!r}")
-    file = (path.parent / base) if not Path(base).is_absolute() else Path(base)
+    file = path.parent / base
     if not file.is_file():
         raise SweepError(f"{path}: base config not found: {file}")
-    data = yaml.safe_load(file.read_text()) or {}
+    data = read_yaml(file, SweepError) or {}
     if not isinstance(data, dict):
         raise SweepError(f"{file}: the top level must be a mapping of sections")
     return data
 
 
-def _axes(grid: Any, path: Path) -> list[Axis]:
-    if not isinstance(grid, dict) or not grid:
+def _axes(grid: dict, path: Path) -> list[Axis]:
+    if not grid:
         raise SweepError(f"{path}: grid must be a non-empty mapping of axes")
     axes = []
     for key, spec in grid.items():
-        if isinstance(spec, list) and spec:
-            values = [_label(v) for v in spec]
-            axes.append(Axis(SHORT.get(key, key), values, [[f"{key}={_yaml_value(v)}"] for v in spec]))
-        elif isinstance(spec, dict) and spec:
-            axes.append(Axis(str(key), [str(k) for k in spec],
-                             [_str_list(v, f"{path}: grid.{key}.{k}") for k, v in spec.items()]))
-        else:
+        if not spec or not isinstance(spec, (list, dict)):
             raise SweepError(f"{path}: grid.{key} must be a non-empty list of values or a mapping label -> overrides")
+        if isinstance(spec, dict):
+            for k, v in spec.items():
+                if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
+                    raise SweepError(f"{path}: grid.{key}.{k} must be a list of 'section.field=value' strings, got {v!r}")
+            axes.append(Axis(str(key), [str(k) for k in spec], list(spec.values())))
+        else:
+            axes.append(Axis(SHORT.get(key, key), [_label(v) for v in spec], [[f"{key}={_label(v, True)}"] for v in spec]))
     labels = [a.label for a in axes]
     if len(set(labels)) != len(labels):
         raise SweepError(f"{path}: two grid axes share a label: {labels}")
     return axes
 
 
-def _reference(ref: Any, axes: list[Axis], path: Path) -> dict[str, str]:
-    values = {a.label: a.values for a in axes}
+def _reference(ref: dict | None, values: dict[str, list[str]], path: Path) -> dict[str, str]:
     if ref is None:
         return {"loss": "vespo"} if "vespo" in values.get("loss", []) else {}
-    if not isinstance(ref, dict) or len(ref) != 1:
+    if len(ref) != 1:
         raise SweepError(f"{path}: reference must be one 'axis: value' pair, e.g. {{loss: vespo}}; got {ref!r}")
     (axis, value), = ref.items()
-    if axis not in values or str(value) not in values[axis]:
+    if str(value) not in values.get(axis, []):
         raise SweepError(f"{path}: reference {axis}={value} is not a value of a grid axis; axes: {values}")
     return {axis: str(value)}
 
 
-def _exclude(exclude: Any, axes: list[Axis], path: Path) -> list[dict[str, list[str]]]:
-    if exclude is None:
-        return []
-    values = {a.label: a.values for a in axes}
-    if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
-        raise SweepError(f"{path}: exclude must be a list of {{axis: value or [values]}} mappings, got {exclude!r}")
+def _exclude(exclude: list[dict], values: dict[str, list[str]], path: Path) -> list[dict[str, list[str]]]:
     out = []
     for i, entry in enumerate(exclude):
-        checked = {}
-        for axis, v in entry.items():
-            vs = [_label(x) for x in (v if isinstance(v, list) else [v])]
-            bad = [x for x in vs if x not in values.get(axis, [])]
-            if axis not in values or bad:
-                raise SweepError(f"{path}: exclude[{i}]: {axis}={bad or vs} is not on the grid; axes: {values}")
-            checked[axis] = vs
-        out.append(checked)
+        out.append({axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in entry.items()})
+        for axis, vs in out[-1].items():
+            if set(vs) - set(values.get(axis, [])):
+                raise SweepError(f"{path}: exclude[{i}]: {axis}={sorted(set(vs) - set(values.get(axis, [])))} is "
+                                 f"not on the grid; axes: {values}")
     return out
 
 
-def _description(description: Any, path: Path) -> str:
-    if description is None:
-        return ""
-    if not isinstance(description, str):
-        raise SweepError(f"{path}: description must be text, got {description!r}")
-    return " ".join(description.split())
-
-
-def _cost(cost: Any, path: Path) -> Cost | None:
-    if cost is None:
-        return None
-    if not isinstance(cost, dict) or set(cost) - {"run_s", "jobs", "note", "optional"} or "run_s" not in cost:
-        raise SweepError(f"{path}: cost must be a mapping with run_s (and optional jobs, note, optional), got {cost!r}")
-    run_s, jobs = cost["run_s"], cost.get("jobs", 1)
-    if not isinstance(run_s, (int, float)) or run_s <= 0 or not isinstance(jobs, int) or jobs < 1:
-        raise SweepError(f"{path}: cost.run_s must be a number > 0 and cost.jobs an integer >= 1, got {cost!r}")
-    return Cost(float(run_s), jobs, str(cost.get("note", "")), bool(cost.get("optional", False)))
-
-
 def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> tuple[str, float]:
-    """(markdown table, minutes of the budgeted sweeps): per sweep file (its path shown relative to
-    ``repo``) its command, runs, assumed cost per run and expected wall time, from the files' `cost`;
-    optional sweeps are marked and left out of the total."""
+    """(markdown table, minutes of the budgeted sweeps): per sweep file its command, runs, assumed
+    cost per run and expected wall time, from the files' `cost`; optional sweeps are left out of the total."""
     rows, total = [], 0.0
     for path in paths:
         sweep = load_sweep(path)
@@ -251,18 +249,8 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
     return "\n".join(head + rows + [tail]), total
 
 
-def _label(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip() \
-        if isinstance(value, (dict, list)) else str(value)
-
-
-def _yaml_value(value: Any) -> str:
-    if isinstance(value, (dict, list, bool)) or value is None:
+def _label(value: Any, override: bool = False) -> str:
+    """A grid value as a label (or, for an override, as YAML: booleans and null too)."""
+    if isinstance(value, (dict, list)) or (override and (isinstance(value, bool) or value is None)):
         return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
     return str(value)
-
-
-def _str_list(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
-        raise SweepError(f"{where} must be a list of 'section.field=value' strings, got {value!r}")
-    return list(value)

@@ -1,17 +1,13 @@
-"""The results page: the paper's claims against the lab's sweeps, regenerated from the sweep directories.
+"""The results page: the paper's claims against the lab's sweeps, regenerated from run directories or archives.
 
-    vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
+    vespo report docs/results/staleness ... --claims configs/lab/claims.yaml --page docs/results.md
 
-writes every sweep's report (tables and figures) and its archive (runs.json.gz, which a later
-`vespo report` reads in place of the sweep directory) into results/<sweep name>/ beside the page,
-removing files there that it no longer makes (and results/in_progress/<sweep name>/, the report and
-archive of a sweep committed while it was still running, which its place on the page supersedes), and
-the page itself: the recommendation
-(vespo.lab.recommend), how numbers are judged (the interval with its simulated coverage, the
-collapse rule with its simulated false-positive rate, where it fired and which flagged runs look
-suspect), the claims table (vespo.lab.claims), the headline figure, and per sweep its commands,
-the git commit of the code that ran it, its wall time (from the sweep's sessions.jsonl) and the
-same tables as its report (vespo.lab.tables).
+writes every sweep's report, figures and archive into results/<sweep name>/ beside the page (removing
+files there it no longer makes, and results/in_progress/<sweep name>/, which the page supersedes),
+and the page: the recommendation (vespo.lab.recommend), how numbers are judged (the interval's
+coverage, the error control, the evaluation noise, the collapse rule's simulated and measured error
+rates), the claims table (vespo.lab.claims), the headline figure, and per sweep its commands, the
+commit of the code that ran it, its wall time (sessions.jsonl) and the tables of its report.
 """
 
 from __future__ import annotations
@@ -19,95 +15,63 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import statistics
 from datetime import datetime
 from pathlib import Path
 
-from vespo.lab import claims as claims_mod
+import numpy as np
+import pandas as pd
+
+from vespo.lab import claims as cl
 from vespo.lab import collapse, simulate, stats
 from vespo.lab.figures import write_figures
-from vespo.lab.grid import planned
+from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.results import ARCHIVE, RunResult, conditions, group, read_sweep, write_archive
-from vespo.lab.tables import ci_text, row, sweep_markdown, sweep_tables
+from vespo.lab.runs import ARCHIVE, read_lab, write_archive
+from vespo.lab.tables import conditions, markdown, sweep_markdown, sweep_tables
 
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
-
-SIM_RUNS = 500  # simulated runs per scenario for the collapse rule's rates ...
-SIM_NS = (1, 64)  # ... and the N of the training-reward evidence
-
-
-def machine_note() -> str:
-    return (
-        "**Single runs are not results.** The same run gives different numbers on different machines: float "
-        "rounding (another CPU, thread count or library build sums in another order) changes the last bits of a "
-        "log-prob, and under stale updates such differences grow chaotically, so one seed can collapse on one "
-        "machine and finish well on another. Every claim below therefore rests on the distribution over seeds: "
-        f"the mean with a {stats.CONFIDENCE:.0%} interval, differences paired by seed (one seed = the same "
-        "warm-started weights and the same prompt order in every condition), and collapse counts. \"Not resolved\" "
-        "means the seeds do not settle the question, not that the effect is absent.")
-
 
 FINAL_NOTE = (
     "**Final** means the same at every N: *held-out sampled* is the accuracy on the task's held-out problems "
     "(task.eval_size of them, one sample each at the training temperature) after the run's last update, and "
     "every run of a sweep takes the same number of optimizer steps; *held-out greedy* the same with greedy "
-    "decoding; *train* is the training reward over the last quarter of the optimizer steps, the same number "
-    "of samples at every N. Beside it, *updates / seconds to* a training reward say how fast a run got there. "
+    "decoding; *last-quarter mean* the mean of the held-out evaluations made during the last quarter of the "
+    "updates; *train* is the training reward over the last quarter of the optimizer steps, the same number of "
+    "samples at every N. Beside it, *updates / seconds to* a training reward say how fast a run got there. "
     "Claims use held-out sampled unless the row says otherwise.")
+MACHINE_NOTE = (
+    "**Single runs are not results.** The same run gives different numbers on different machines: float "
+    "rounding (another CPU, thread count or library build sums in another order) changes the last bits of a "
+    "log-prob, and under stale updates such differences grow chaotically, so one seed can collapse on one "
+    "machine and finish well on another. Every claim below therefore rests on the distribution over seeds: "
+    f"the mean with a {stats.CONFIDENCE:.0%} interval, differences paired by seed (one seed = the same "
+    "warm-started weights and the same prompt order in every condition), and collapse counts. \"Not resolved\" "
+    "means the seeds do not settle the question, not that the effect is absent.")
 
 
-def write_page(sweep_dirs: list[Path], page: Path, claims_path: Path | None, out_root: Path | None,
-               command: str) -> Path:
-    sweeps: dict[str, tuple[dict, list[RunResult]]] = {}
-    for d in sweep_dirs:
-        record, results = read_sweep(d)
-        if record["name"] in sweeps:
-            raise ValueError(f"two sweep directories are named {record['name']!r}: {sweeps[record['name']][0]['dir']} "
-                             f"and {d}")
-        sweeps[record["name"]] = (record, results)
+def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str) -> Path:
+    sweeps, runs = read_lab(paths)
     root = out_root or page.parent / "results"
-    figures = {name: write_sweep(record, results, root / name) for name, (record, results) in sweeps.items()}
+    figures = {name: write_sweep(sweep, runs[runs.sweep == name], root / name) for name, sweep in sweeps.items()}
     for name in sweeps:
-        if (root / IN_PROGRESS / name).is_dir():
-            shutil.rmtree(root / IN_PROGRESS / name)
-    claims = claims_mod.load_claims(claims_path) if claims_path else None
-    verdicts = claims_mod.evaluate(claims, sweeps) if claims else []
-    picks = recommend(claims.recommend, sweeps) if claims else []
+        shutil.rmtree(root / IN_PROGRESS / name, ignore_errors=True)
+    claims = cl.load_claims(claims_path) if claims_path else None
+    verdicts = cl.evaluate(claims, sweeps, runs) if claims else []
+    picks = recommend(claims.recommend, sweeps, runs) if claims else []
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(page_markdown(sweeps, figures, claims, verdicts, picks, page.parent, root, command))
-    return page
-
-
-def write_sweep(record: dict, results: list[RunResult], out: Path) -> list[Path]:
-    """A sweep's figures, report.md and archive (runs.json.gz) in ``out``; files there that this did not
-    write are removed."""
-    out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(record, results, out)
-    report = out / "report.md"
-    report.write_text(sweep_markdown(record, results, figures))
-    made = {report, write_archive(record, results, out / ARCHIVE), *figures}
-    for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
-        stale.unlink()
-    return figures
-
-
-def page_markdown(sweeps: dict, figures: dict[str, list[Path]], claims, verdicts, picks, page_dir: Path, root: Path,
-                  command: str) -> str:
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, page_dir)
-
+    rel = lambda path: os.path.relpath(path, page.parent)  # noqa: E731
     lines = ["# Results: the paper's claims at small scale", "",
-             f"Generated by `{command}` from the sweep directories below; edit the sweep files or the claims "
-             "file and regenerate rather than editing this page. How the lab works: [lab.md](lab.md).", ""]
+             f"Generated by `{command}` from the sweeps below; edit the sweep files or the claims file and regenerate "
+             "rather than editing this page. How the lab works: [lab.md](lab.md).", ""]
     if claims is not None:
         lines += ["## Recommendation", "", recommendation_markdown(picks), ""]
-    lines += [machine_note(), "", FINAL_NOTE, ""]
-    lines += ["## How the numbers are judged", "", *statistics_section(), *collapse_section(sweeps)]
+    lines += [MACHINE_NOTE, "", FINAL_NOTE, "", "## How the numbers are judged", "", *statistics_section(verdicts),
+              *noise_section(sweeps, runs), *collapse_section(sweeps, runs)]
     if claims is not None:
-        lines += ["## The paper's claims", "", claims_table(verdicts), "", claims_mod.rules_text(), ""]
-    headline = (claims.headline if claims else None) or next(
-        (n for n, figs in figures.items() if any(f.stem == "headline" for f in figs)), None)
+        lines += ["## The paper's claims", "", claims_table(verdicts), "", rules_text(), ""]
+        lines += [t + "\n" for t in (cl.together_text(verdicts, n, runs) for n in claims.together) if t]
+    headline = (claims.headline if claims else None) or next((n for n, fs in figures.items()
+                                                              if any(f.stem == "headline" for f in fs)), None)
     fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
     if fig is not None:
         lines += ["## Headline: final accuracy against staleness", "", f"![headline]({rel(fig)})", "",
@@ -117,157 +81,189 @@ def page_markdown(sweeps: dict, figures: dict[str, list[Path]], claims, verdicts
                   "levels whose bands overlap can still differ clearly seed by seed). Right: the training reward per "
                   "N against optimizer steps (the same steps and samples at every N), seed mean with its min-max "
                   "band.", ""]
-    lines += ["## Sweeps", "", sweeps_table(sweeps, root, page_dir), ""]
-    for name, (record, results) in sweeps.items():
-        lines += sweep_section(record, results, figures[name], rel, root / name / "report.md")
-    return "\n".join(lines) + "\n"
+    lines += ["## Sweeps", "", sweeps_table(sweeps, runs, root, page.parent), ""]
+    for name, sweep in sweeps.items():
+        lines += sweep_section(sweep, runs[runs.sweep == name], figures[name], rel, root / name / "report.md")
+    page.write_text("\n".join(lines) + "\n")
+    return page
+
+
+def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None,
+                curve: str | None = None) -> list[Path]:
+    """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = write_figures(sweep, runs, out, panel, curve)
+    report = out / "report.md"
+    report.write_text(sweep_markdown(sweep, runs, figures))
+    made = {report, write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
+    for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
+        stale.unlink()
+    return figures
 
 
 # ---------------------------------------------------------------- how numbers are judged
 
 
-def statistics_section() -> list[str]:
-    """The interval's method and its coverage, simulated now by the code that computes the intervals."""
-    table = stats.coverage_table()
-    level = f"{stats.CONFIDENCE:.0%}"
-    head = ["data"] + [f"{n} seeds" for n in stats.COVERAGE_SEEDS]
-    lines = [row(head), row(["---"] * len(head))]
-    for case in stats.COVERAGE_CASES:
-        cells = [c for c in table if c.case == case]
-        lines.append(row([case] + [f"{c.covered:.1%} (wholly above: {c.above:.1%})" for c in cells]))
+def statistics_section(verdicts: list[cl.Verdict]) -> list[str]:
+    level, table = f"{stats.CONFIDENCE:.0%}", stats.coverage_table()
+    rows = [{"data": case, **{f"{c.seeds} seeds": f"{c.covered:.1%} (wholly above: {c.above:.1%})"
+                              for c in table if c.case == case}} for case in stats.COVERAGE_CASES]
+    tests = [t for v in verdicts for t in next(iter(v.readings.values()), []) if t.verdict and t.n >= stats.MIN_SEEDS]
+    mixture = [c for c in table if c.case == list(stats.COVERAGE_CASES)[-1]]
     return [f"**Intervals.** Every interval on this page is a {stats.METHOD} at {level} (vespo.lab.stats). Its "
             f"coverage at the lab's seed counts, simulated with {stats.COVERAGE_REPS:,} experiments per cell (the share "
             "of intervals that hold the true mean; in parentheses the share wholly above it, i.e. a false \"greater\"):",
-            "", "\n".join(lines), "",
+            "", markdown(rows), "",
             "On normal and moderately skewed data it covers close to its nominal level at 3 seeds already; on strongly "
-            "skewed data it covers less, and the misses fall mostly below the mean (a false \"less\", not a false "
-            f"\"greater\"). Fewer than {stats.MIN_SEEDS} seeds give no interval: such a claim reads \"too few seeds\".",
-            ""]
+            "skewed data it covers less, the misses mostly below the mean. Where some runs of a condition collapse, "
+            f"a mean over seeds is not what to read: at {mixture[0].seeds} seeds the interval covers "
+            f"{mixture[0].covered:.0%}, and {mixture[0].above:.0%} of the intervals lie wholly above the truth (often "
+            "no seed collapsed in the sample); such conditions are judged by their collapse counts. Fewer than "
+            f"{stats.MIN_SEEDS} seeds give no interval: \"too few seeds\".", "",
+            f"**Error control.** A verdict is a test of its paired differences against the claim's line at the level "
+            f"of the interval shown (the {level} interval excludes the line <=> two-sided p < "
+            f"{1 - stats.CONFIDENCE:.2f}), and the page's {len(tests)} tests are one family under Holm's correction, "
+            f"so the chance that any verdict of the table is a false one is at most {stats.FAMILY_ERROR:.0%}: an "
+            "interval that excludes the line can still read \"not resolved\" (each test's Holm-adjusted p is beside "
+            "it). Each verdict is judged again on held-out greedy accuracy and on the mean of the last quarter's "
+            "evaluations (each its own Holm family); where the three readings differ, the verdict is \"depends on "
+            "the metric\" and says how. The recommendation controls each line's pairs the same way.", ""]
 
 
-def collapse_section(sweeps: dict) -> list[str]:
-    rates = simulate.collapse_rates(SIM_RUNS, ns=SIM_NS)
-    evidence = list(dict.fromkeys(r.evidence for r in rates))
-    head = ["simulated run"] + [f"flagged ({e})" for e in evidence]
-    lines = [row(head), row(["---"] * len(head))]
-    for scenario in simulate.SCENARIOS:
-        lines.append(row([scenario] + [f"{r.flagged:.1%}" for e in evidence for r in rates
-                                       if r.scenario == scenario and r.evidence == e]))
-    return [f"**Collapse.** {collapse.describe()}. The evidence is taken after the same optimizer steps in every run "
-            "(the lab evaluates every "
-            f"{collapse.RULE.every} updates on {simulate.EVAL_PROBLEMS} held-out problems), so the rule is the same at "
-            f"every N. Simulated ({SIM_RUNS} runs per row, vespo.lab.simulate): on stable runs the share flagged is "
-            "the rule's false-positive rate; on collapsing runs, its power.", "", "\n".join(lines), "",
-            *fired_section(sweeps)]
+def noise_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
+    """The binomial noise of one final evaluation, beside the paired differences the sweeps report."""
+    usable = runs[runs.usable & np.isfinite(runs.eval_sampled)]
+    problems = int(pd.Series([(r.config.get("task") or {}).get("eval_size", 0) for r in usable.record]).mode()[0])
+    if not problems:
+        return []
+    p = float(usable.eval_sampled.mean())
+    sd = math.sqrt(p * (1 - p) / problems)
+    diffs = []
+    for name, sweep in sweeps.items():
+        if sweep.reference:
+            (axis, ref), = sweep.reference.items()
+            mine = runs[runs.sweep == name]
+            cells = dict(conditions(sweep, mine))
+            for key, cell in cells.items():
+                labels = dict(zip(sweep.conditions, key))
+                partner = cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions))
+                if labels[axis] != ref and partner is not None:
+                    d = stats.paired(cell.set_index("seed").eval_sampled, partner.set_index("seed").eval_sampled)
+                    diffs.append(abs(d.diff.mean))
+    diffs = np.array([d for d in diffs if math.isfinite(d)])
+    return [f"**Evaluation noise.** One final evaluation on {problems} problems has a binomial SD of {sd:.3f} at the "
+            f"lab's mean accuracy {p:.2f} (at most {0.5 / math.sqrt(problems):.3f}), and a difference of two "
+            f"evaluations {sd * math.sqrt(2):.3f}; a mean over n seeds divides it by sqrt(n). That is not small next "
+            f"to what the sweeps compare: {int((diffs < 2 * sd * math.sqrt(2)).sum())} of the {len(diffs)} paired "
+            f"differences against a sweep's reference condition are below {2 * sd * math.sqrt(2):.3f} (two SDs of a "
+            f"difference), their median {np.median(diffs):.3f}. The evaluations during training (256 problems) have "
+            f"twice that SD.", ""]
 
 
-def fired_section(sweeps: dict) -> list[str]:
-    """Where the rule fired in the sweeps (the positive controls), flagged runs that ended as well as
-    their condition's unflagged runs (suspect false positives), and the measured false-positive rate:
-    of the runs that ended at least as well as the median unflagged run of their condition, the share
-    flagged."""
-    fired, suspects, flagged, total, ended_well = [], [], 0, 0, 0
-    for name, (record, results) in sweeps.items():
-        for key, runs in group(results, conditions(record)).items():
-            usable = [r for r in runs if r.usable]
-            dead = [r for r in usable if r.collapse.collapsed]
-            flagged, total = flagged + len(dead), total + len(usable)
-            if usable and 2 * len(dead) >= len(usable) and dead:
-                fired.append(f"`{name}` {', '.join(key)}: {len(dead)}/{len(usable)}")
-            alive = [r.stats.get("eval_sampled", math.nan) for r in usable if not r.collapse.collapsed]
-            alive = [x for x in alive if math.isfinite(x)]
-            if not alive:
-                continue
-            bar = statistics.median(alive)
-            ended_well += sum(r.stats.get("eval_sampled", -math.inf) >= bar for r in usable)
-            for r in dead:
-                if r.stats.get("eval_sampled", -math.inf) >= bar:
-                    suspects.append(f"`{name}` `{r.name}` (held-out {r.stats['eval_sampled']:.3f})")
-    out = [f"In the sweeps below the rule flagged {flagged} of {total} finished runs. Where it fired in at least half "
-           "the runs of a condition (the positive controls): " + ("; ".join(fired) or "nowhere yet") + "."]
-    out.append("Flagged runs whose final held-out accuracy is at least the median of their condition's unflagged runs "
-               "(suspect false positives): " + ("; ".join(suspects) or "none") + ".")
-    if ended_well:
-        fp = stats.rate_ci(len(suspects), ended_well)
-        out.append(f"Measured false-positive rate: of the {ended_well} runs that ended at least as well as their "
-                   f"condition's median unflagged run, the rule flagged {len(suspects)}, {ci_text(fp)} "
-                   "(exact 90% interval).")
-    return [" ".join(out), ""]
+def collapse_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
+    now, before = simulate.rates(collapse.RULE), simulate.rates(collapse.PREVIOUS)
+    rows = [{"simulated run": s, **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in now if r.scenario == s}}
+            for s in simulate.SCENARIOS]
+    rows.append({"simulated run": "the same collapse, flagged by the previous rule (half the best, 2 evaluations)",
+                 **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in before if r.scenario.startswith("col")}})
+    usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
+    fell = usable.eval_sampled < 0.5 * usable.warm_start  # the independent criterion
+    missed, extra = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed]
+    healthy = usable[usable.eval_sampled >= usable.warm_start]
+    fired = [f"`{name}` {', '.join(k)}: {int(c.collapsed.sum())}/{len(c)}" for name, sweep in sweeps.items()
+             for k, c in conditions(sweep, runs[(runs.sweep == name) & runs.usable]) if 2 * c.collapsed.sum() >= len(c) > 0
+             and c.collapsed.any()]
+
+    def names(frame: pd.DataFrame) -> str:
+        return "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start {r.warm_start:.3f})"
+                         for r in frame.itertuples()) or "none"
+
+    return [f"**Collapse.** {collapse.describe()}. The rule was chosen on simulated runs (vespo.lab.simulate, "
+            f"{now[0].runs} per row) with the lab's own schedules, 4 evaluations (the lr ranges' 256 updates) and 8 (512 "
+            "updates): on runs that do not collapse the share flagged is a false-positive rate, on runs that collapse "
+            "one minus it is the miss rate; the previous rule missed far more than 1 in 10.", "", markdown(rows), "",
+            f"Checked on the sweeps' {len(usable)} finished runs against an independent criterion, the final "
+            f"evaluation on {simulate.BEFORE_PROBLEMS} problems below half the warm start's: it calls {int(fell.sum())} "
+            f"runs collapsed, and the rule missed {len(missed)} of them, {stats.ci_text(stats.rate_ci(len(missed), int(fell.sum())))} "
+            f"(exact {stats.CONFIDENCE:.0%} interval): {names(missed)}. Of the {len(healthy)} runs that ended at or above "
+            f"their warm start the rule flagged {int(healthy.collapsed.sum())}, "
+            f"{stats.ci_text(stats.rate_ci(int(healthy.collapsed.sum()), len(healthy)))}. It flagged {len(extra)} runs the "
+            f"criterion does not call collapsed: {names(extra)}. The rule fired in at least half the runs of "
+            f"{len(fired)} conditions (the positive controls): " + ("; ".join(fired) or "nowhere yet") + ".", ""]
 
 
 # ---------------------------------------------------------------- claims and sweeps
 
 
-def claims_table(verdicts: list) -> str:
-    lines = ["| # | the paper says | sweep | we measured | agrees? | robustness |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for i, v in enumerate(verdicts, 1):
-        lines.append(f"| {i} | {_cell(v.claim.paper)} | {v.claim.sweep} | {_cell(v.measured)} | **{v.verdict}** | "
-                     f"{v.robustness or '–'} |")
-    return "\n".join(lines)
+def claims_table(verdicts: list[cl.Verdict]) -> str:
+    return markdown([{"#": str(i), "the paper says": v.claim.paper, "sweep": v.claim.sweep,
+                      "we measured": cl.measured(v).replace("|", "\\|"), "agrees?": f"**{v.verdict}**",
+                      "robustness": v.robustness or "–"} for i, v in enumerate(verdicts, 1)])
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def rules_text() -> str:
+    return (
+        "How a row is decided (the rule is written beside each claim in the claims file): a comparison is a paired "
+        f"difference over seeds, tested against the claim's line under Holm (above): a positive difference agrees "
+        "with \"greater\", a negative one disagrees, an unresolved one is \"not resolved\"; \"within m\" agrees when "
+        "the difference lies inside (-m, m) and disagrees when it lies outside; \"at least m\" (matches or beats, "
+        "m < 0) agrees above m. A trend over N (\"grows\", \"weakens as N grows\") is judged at every step of N: "
+        "the value at each N minus the value at the N before, paired by seed; it agrees only if every step does. "
+        "A claim made of several comparisons agrees only if all of them do and disagrees if any does. \"Settled\" "
+        "(the end point) is the mean held-out evaluation of the last quarter of the updates minus that of the quarter "
+        "before, within the claim's band. Collapse claims count collapsed runs (most: at least half; some: at least "
+        "one, none collapsing leaves \"can collapse\" not resolved; most with none collapsing is \"too few seeds\" "
+        "until the rate's interval lies below one half; none: zero, and only beside a control where the rule "
+        "fired). \"Stabler\" compares collapses run by run, paired by seed and learning rate across the lr grid "
+        "(McNemar's exact test on the runs where one loss collapsed and the other did not), step-size variants "
+        f"apart. Robustness: *{cl.ROBUST}* = resolved on every reading, each deciding test with at least "
+        f"{cl.ROBUST_SHARE:.0%} of at least {cl.ROBUST_SEEDS} seeds (or pairs) on its side; *{cl.SUPPORTED}* = "
+        f"resolved on every reading; *{cl.UNCLEAR}* = not.")
 
 
-def sweeps_table(sweeps: dict, root: Path, page_dir: Path) -> str:
-    lines = ["| sweep | file | runs finished / in grid | wall time | commit | machine | report |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, (record, results) in sweeps.items():
-        done = sum(r.status == "done" for r in results)
-        s = record.get("sessions", [])
-        report = os.path.relpath(root / name / "report.md", page_dir)
-        lines.append(f"| `{name}` | `{record.get('source', '')}` | {done} / {planned(record)} | {wall_text(s, results)} | "
-                     f"{commit_text(s)} | {machine_text(s)} | [report]({report}) |")
-    return "\n".join(lines)
+def sweeps_table(sweeps: dict[str, Sweep], runs: pd.DataFrame, root: Path, page_dir: Path) -> str:
+    rows = []
+    for name, sweep in sweeps.items():
+        mine, s = runs[runs.sweep == name], sweep.sessions
+        rows.append({"sweep": f"`{name}`", "file": f"`{sweep.source}`",
+                     "runs finished / in grid": f"{int((mine.status == 'done').sum())} / {len(sweep.points())}",
+                     "wall time": wall_text(s, mine), "commit": commit_text(s), "machine": machine_text(s),
+                     "report": f"[report]({os.path.relpath(root / name / 'report.md', page_dir)})"})
+    return markdown(rows)
 
 
-def wall_text(sessions: list[dict], results: list[RunResult]) -> str:
-    run_s = sum(float(r.run.summary.get("seconds") or 0) for r in results if r.run is not None)
-    runs = f"runs {run_s / 60:.0f} min in all"
+def wall_text(sessions: list[dict], runs: pd.DataFrame) -> str:
+    runs_min = f"runs {np.nansum(runs.record.map(lambda r: float(r.summary.get('seconds') or 0))) / 60:.0f} min in all"
     if not sessions:
-        return f"not recorded ({runs})"
+        return f"not recorded ({runs_min})"
     wall = sum(float(x.get("seconds") or 0) for x in sessions)
-    calls = f", {len(sessions)} calls" if len(sessions) > 1 else ""
     killed = sum(x.get("end") is None for x in sessions)
-    killed = f", {killed} killed (counted to the last time seen alive)" if killed else ""
-    return f"{wall / 60:.0f} min{calls}{killed} ({runs})"
+    return (f"{wall / 60:.0f} min" + (f", {len(sessions)} calls" if len(sessions) > 1 else "")
+            + (f", {killed} killed (counted to the last time seen alive)" if killed else "") + f" ({runs_min})")
 
 
 def commit_text(sessions: list[dict]) -> str:
-    seen = []
-    for x in sessions:
-        c = (x.get("commit") or "unknown")[:9] + (" (dirty)" if x.get("dirty") else "")
-        if c not in seen:
-            seen.append(c)
+    seen = dict.fromkeys((x.get("commit") or "unknown")[:9] + (" (dirty)" if x.get("dirty") else "") for x in sessions)
     return ", ".join(f"`{c}`" for c in seen) or "not recorded"
 
 
 def machine_text(sessions: list[dict]) -> str:
-    seen = []
-    for x in sessions:
-        m = x.get("machine") or {}
-        text = f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
-        if text not in seen:
-            seen.append(text)
+    seen = dict.fromkeys(f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
+                         for m in (x.get("machine") or {} for x in sessions))
     return "; ".join(seen) or "not recorded"
 
 
-def sweep_section(record: dict, results: list[RunResult], figures: list[Path], rel, report: Path) -> list[str]:
-    lines = [f"### `{record['name']}`", ""]
-    sessions = record.get("sessions", [])
+def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> list[str]:
+    lines, sessions = [f"### `{sweep.name}`", ""], sweep.sessions
     if sessions:
         lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", ""]
-        for command in dict.fromkeys(x["command"] for x in sessions):
-            lines.append(f"    {command}")
-        first = sessions[0].get("start", "?")
+        lines += [f"    {c}" for c in dict.fromkeys(x["command"] for x in sessions)]
         last = sessions[-1].get("end") or sessions[-1].get("last_seen") or "?"
-        lines += ["", f"Ran from {_when(first)} to {_when(last)}; wall time {wall_text(sessions, results)}; "
-                      f"commit {commit_text(sessions)}.", ""]
+        lines += ["", f"Ran from {_when(sessions[0].get('start', '?'))} to {_when(last)}; wall time "
+                      f"{wall_text(sessions, runs)}; commit {commit_text(sessions)}.", ""]
     else:
         lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]
-    lines += sweep_tables(record, results)
+    lines += sweep_tables(sweep, runs)
     lines += [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]
     lines += ["", "Figures: " + ", ".join(f"[{f.stem}]({rel(f)})" for f in figures)
               + f"; [the full report, every run]({rel(report)}).", ""]

@@ -1,30 +1,35 @@
-"""The recommendation at the top of the results page: which loss to use where, from the sweeps.
+"""The recommendation at the top of the results page: which loss to use where, from paired evidence.
 
-The claims file names the settings to recommend for:
+The claims file names the settings:
 
     recommend:
       - {setting: "synchronous training, N updates per rollout batch", sweep: staleness, among: loss, over: N}
       - {setting: "fully asynchronous training", sweep: async, among: loss}
       - {setting: "4x as long", sweep: endpoint, among: loss, over: N, at: ["64"]}
 
-At each value of `over` (or only at the values `at` lists; once, without `over`) the candidates (the values of `among`) are ranked by
-their mean held-out accuracy after training. The first is compared with every other, paired by
-seed: a candidate whose difference from the first has an interval wholly above 0 is behind it,
-with the robustness label of vespo.lab.claims; any other is tied with it. Candidates with collapsed
-runs say so. `scale_limits` is what a tiny model on a toy task cannot say, whatever the numbers.
+At each value of `over` (or those `at` lists; once without `over`) the candidates (values of `among`)
+are first grouped where their runs are identical on every common seed (identical updates: the
+evidence cannot pick among them). Every two groups are then compared on the seeds they share (paired
+t-test of held-out sampled accuracy, Holm over the setting's pairs). A loss is named only when it is
+ahead of every other; otherwise the line names the losses no other is ahead of, tied, and picks none.
+A loss ahead of another is never listed as tied with it.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass, field
 
-from vespo.lab.claims import ClaimsError, Sweeps, robustness
-from vespo.lab.results import RunResult, by_seed, group, select
-from vespo.lab.stats import CONFIDENCE, Interval, Paired, mean_ci, paired_difference
+import pandas as pd
+
+from vespo.lab.claims import ROBUST_SEEDS, ROBUST_SHARE, ClaimsError, settling
+from vespo.lab.grid import Sweep
+from vespo.lab.runs import by_seed, select
+from vespo.lab.stats import FAMILY_ERROR, Interval, Paired, ci_text, holm, mean_ci, p_value, paired
 from vespo.plot import display_name
 
 METRIC = "eval_sampled"
+IDENTICAL = ("eval_sampled", "eval_greedy", "train_last", "max_grad_norm")  # equal on every common seed
 SCALE_LIMITS = (
     "The lab's policy is a 2-layer, 128-wide model trained on reversing 16 letters (17-token answers) with "
     "exact-match rewards, on CPU. What ranks losses here need not rank them for a large model on long reasoning "
@@ -35,117 +40,129 @@ SCALE_LIMITS = (
 
 
 @dataclass
-class Behind:
-    name: str
-    diff: Paired  # first minus this one, seed by seed
-    label: str  # robustness of the difference
-
-
-@dataclass
 class Pick:
     setting: str
     at: str  # "N = 64", or "" without an `over` axis
-    first: str  # the candidate with the best mean
-    level: Interval  # its held-out accuracy
-    tied: list[tuple[str, Paired]] = field(default_factory=list)
-    behind: list[Behind] = field(default_factory=list)
+    updates: int  # the training budget
+    groups: list[list[str]]  # candidates, those with identical runs together
+    top: list[int]  # groups no other group is ahead of
+    ahead: dict[tuple[int, int], Paired] = field(default_factory=dict)  # (i, j): group i ahead of j, i - j
     collapsed: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (collapsed, usable runs)
+    level: Interval | None = None  # the named loss's held-out accuracy
+    rising: list[str] = field(default_factory=list)  # candidates whose curves still rise at this budget
+
+    @property
+    def named(self) -> str | None:
+        i = self.top[0] if len(self.top) == 1 else None
+        if i is None or len(self.groups[i]) > 1 or any((i, j) not in self.ahead for j in range(len(self.groups)) if j != i):
+            return None
+        return self.groups[i][0]
 
 
-def recommend(entries: list[dict], sweeps: Sweeps) -> list[Pick]:
+def recommend(entries: list[dict], sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Pick]:
     picks = []
     for i, entry in enumerate(entries):
-        setting, sweep, among, over, at = _entry(entry, i)
-        if sweep not in sweeps:
+        unknown = set(entry) - {"setting", "sweep", "among", "over", "at"}
+        if unknown or not {"setting", "sweep", "among"} <= set(entry) or not isinstance(entry.get("at", []), list):
+            raise ClaimsError(f"recommend[{i}]: expected {{setting, sweep, among, over (optional), at (optional list)}}, "
+                              f"got {entry}")
+        if entry["sweep"] not in sweeps:
             continue
-        record, results = sweeps[sweep]
-        axes = {a["label"]: a["values"] for a in record["axes"]}
-        if among not in axes or (over is not None and over not in axes):
-            raise ClaimsError(f"recommend[{i}]: sweep {sweep!r} has no axis {among!r}" + (f" or {over!r}" if over else "")
-                              + f"; axes: {list(axes)}")
-        if at is not None and (over is None or set(at) - set(axes[over])):
-            raise ClaimsError(f"recommend[{i}]: at {at} must be values of its 'over' axis"
-                              + (f" {over!r}: {axes[over]}" if over else " (it has none)"))
-        for value in ([v for v in axes[over] if at is None or v in at] if over else [None]):
-            runs = select(record, results, {over: value}) if over else results
-            pick = pick_one(setting, f"{over} = {value}" if over else "", group(runs, [among]))
-            if pick is not None:
-                picks.append(pick)
+        values, among, over = sweeps[entry["sweep"]].values, entry["among"], entry.get("over")
+        at = [str(v) for v in entry["at"]] if "at" in entry else None
+        if among not in values or (over is not None and over not in values) or (at and set(at) - set(values[over])):
+            raise ClaimsError(f"recommend[{i}]: sweep {entry['sweep']!r} has no axis {among!r} or {over!r}, or at {at} "
+                              f"is not on it; axes: {values}")
+        mine = runs[runs.sweep == entry["sweep"]]
+        for v in [v for v in values[over] if at is None or v in at] if over else [None]:
+            cells = select(mine, {over: v}) if over else mine
+            if cells.usable.any():
+                picks.append(pick(str(entry["setting"]), f"{over} = {v}" if over else "", cells, among))
     return picks
 
 
-def _entry(entry: dict, i: int) -> tuple[str, str, str, str | None, list[str] | None]:
-    unknown = set(entry) - {"setting", "sweep", "among", "over", "at"}
-    if unknown or not {"setting", "sweep", "among"} <= set(entry):
-        raise ClaimsError(f"recommend[{i}]: expected {{setting, sweep, among, over (optional), at (optional)}}, "
-                          f"got {entry}")
-    at = entry.get("at")
-    if at is not None and not (isinstance(at, list) and at):
-        raise ClaimsError(f"recommend[{i}]: at must be a list of values of the 'over' axis, got {at!r}")
-    return (str(entry["setting"]), str(entry["sweep"]), str(entry["among"]), entry.get("over"),
-            None if at is None else [str(v) for v in at])
+def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
+    names = [n for n in dict.fromkeys(runs[among]) if runs[(runs[among] == n) & runs.usable].shape[0]]
+    cells = {n: runs[runs[among] == n] for n in names}
+    groups: list[list[str]] = []
+    for n in names:
+        same = next((g for g in groups if identical(cells[g[0]], cells[n])), None)
+        same.append(n) if same is not None else groups.append([n])
+    values = [pd.concat([by_seed(cells[n], METRIC) for n in g]).groupby(level=0).first() for g in groups]
+    pairs = list(itertools.permutations(range(len(groups)), 2))
+    diffs = {(i, j): paired(values[i], values[j]) for i, j in pairs}
+    tests = [(i, j) for i, j in pairs if i < j and diffs[(i, j)].diff.n >= 2]
+    p = dict(zip(tests, holm([p_value(diffs[t].values.to_numpy(), 0.0) for t in tests])))
+    ahead = {}
+    for (i, j), adjusted in p.items():
+        if adjusted < FAMILY_ERROR:
+            i, j = (i, j) if diffs[(i, j)].diff.mean > 0 else (j, i)
+            ahead[(i, j)] = diffs[(i, j)]
+    out = Pick(setting, at, int(runs.updates.max()), groups, [i for i in range(len(groups))
+                                                             if not any((k, i) in ahead for k in range(len(groups)))],
+               ahead)
+    for n, cell in cells.items():
+        usable = cell[cell.usable]
+        if usable.collapsed.any():
+            out.collapsed[n] = (int(usable.collapsed.sum()), len(usable))
+    out.rising = [n for n, cell in cells.items() if settling(cell)[1] == "still rising"]
+    if out.named is not None:
+        out.level = mean_ci(by_seed(cells[out.named], METRIC))
+    return out
 
 
-def pick_one(setting: str, at: str, cells: dict[tuple, list[RunResult]]) -> Pick | None:
-    """Rank the candidates of one setting and compare the first with the rest."""
-    levels = {key[0]: mean_ci(list(by_seed(runs, METRIC).values())) for key, runs in cells.items()}
-    ranked = sorted((k for k in levels if math.isfinite(levels[k].mean)), key=lambda k: -levels[k].mean)
-    if not ranked:
-        return None
-    first = ranked[0]
-    pick = Pick(setting, at, first, levels[first])
-    for name in ranked[1:]:
-        p = paired_difference(by_seed(cells[(first,)], METRIC), by_seed(cells[(name,)], METRIC))
-        if p.diff.resolved and p.diff.low > 0:
-            pick.behind.append(Behind(name, p, robustness(p)))
-        else:
-            pick.tied.append((name, p))
-    for (name,), runs in cells.items():
-        usable = [r for r in runs if r.usable]
-        dead = sum(r.collapse.collapsed for r in usable)
-        if dead:
-            pick.collapsed[name] = (dead, len(usable))
-    return pick
+def identical(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two candidates' runs are identical on every seed both have (at least two)."""
+    diffs = [paired(by_seed(a, m), by_seed(b, m)).values for m in IDENTICAL]
+    return diffs[0].size >= 2 and all(d.size == diffs[0].size and (d == 0).all() for d in diffs)
 
 
 # ---------------------------------------------------------------- in words
 
 
 def recommendation_markdown(picks: list[Pick]) -> str:
-    """The page's first section: per setting and staleness, what to use, and what this evidence is worth."""
     if not picks:
         return "No sweep of the recommendation's settings has run yet."
-    level = f"{CONFIDENCE:.0%}"
     lines = []
     for setting in dict.fromkeys(p.setting for p in picks):
         lines += [f"**{setting[0].upper() + setting[1:]}**", ""]
-        for p in (x for x in picks if x.setting == setting):
-            lines.append(f"- {p.at + ': ' if p.at else ''}{_advice(p)}")
-        lines.append("")
-    lines += [f"Each difference is the first loss minus the other, paired by seed, with its {level} interval and how "
-              "many seeds it is higher in; *robust* / *supported* as in the claims below. \"Tied\" means the interval "
-              "holds 0: these seeds cannot tell the losses apart, not that they are equal.", "",
+        lines += [f"- {_advice(p)}" for p in picks if p.setting == setting] + [""]
+    lines += [f"Each line judges held-out sampled accuracy after the updates it names. Losses are compared two by two "
+              f"on the seeds both have (paired t-test, Holm over the line's pairs, family-wise error {FAMILY_ERROR:.0%}); "
+              "a difference is the loss ahead minus the other, with its 90% interval and how many seeds it is higher in "
+              f"(*robust*: at least {ROBUST_SHARE:.0%} of at least {ROBUST_SEEDS}). A loss is named only when it is ahead "
+              "of every other; \"tied\" means no test tells them apart, not that they are equal; losses whose runs are "
+              "identical seed by seed make the same updates, and no evidence can pick among them.", "",
               f"What this scale cannot say: {SCALE_LIMITS}"]
     return "\n".join(lines)
 
 
 def _advice(p: Pick) -> str:
-    first = display_name(p.first)
-    tied = [display_name(n) for n, _ in p.tied]
-    head = (f"use **{first}** (held-out {_level(p.level)})" if not tied else
-            f"**{first}** (held-out {_level(p.level)}) or any loss tied with it: {', '.join(tied)}")
-    parts = [head]
-    if p.behind:
-        parts.append("ahead of " + "; ".join(f"{display_name(b.name)} by {_diff(b.diff)} ({b.label})" for b in p.behind))
+    def names(i: int) -> str:
+        return " = ".join(display_name(n) for n in p.groups[i])
+
+    head = (p.at + ", " if p.at else "") + f"after {p.updates} updates: "
+    if p.named is not None:
+        text = head + f"use **{display_name(p.named)}** (held-out {ci_text(p.level)})"
+    else:
+        same = [names(i) for i in p.top if len(p.groups[i]) > 1]
+        text = head + "the evidence picks none" + "".join(f"; identical updates: {s}" for s in same)
+        tied = [names(i) for i in p.top if len(p.groups[i]) == 1]
+        if tied:
+            text += f"; {'tied with them' if same else 'tied'}: " + ", ".join(tied)
+    parts = []
+    for j in (j for j in range(len(p.groups)) if j not in p.top):
+        i = next((i for i in [*p.top, *range(len(p.groups))] if (i, j) in p.ahead), None)
+        if i is not None:
+            d = p.ahead[(i, j)]
+            label = "robust" if d.diff.n >= ROBUST_SEEDS and d.wins >= ROBUST_SHARE * d.diff.n else "supported"
+            parts.append(f"{names(j)} behind {names(i)} by {ci_text(d.diff, True)}, higher in {d.wins}/{d.diff.n} seeds "
+                         f"({label})")
+    if parts:
+        text += "; " + "; ".join(parts)
+    if p.rising:
+        text += f"; still rising at this budget: {len(p.rising)} of {sum(map(len, p.groups))} losses"
     if p.collapsed:
-        parts.append("collapsed runs: " + ", ".join(f"{display_name(n)} {k}/{m}" for n, (k, m) in p.collapsed.items()))
-    return "; ".join(parts)
+        text += "; collapsed runs: " + ", ".join(f"{display_name(n)} {k}/{m}" for n, (k, m) in p.collapsed.items())
+    return text
 
-
-def _level(ci: Interval) -> str:
-    return f"{ci.mean:.3f}" + (f" [{ci.low:.3f}, {ci.high:.3f}]" if ci.resolved else "")
-
-
-def _diff(p: Paired) -> str:
-    d = p.diff
-    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], higher in {p.wins}/{d.n} seeds"

@@ -1,24 +1,17 @@
-"""`vespo report`: the tables and figures of sweep directories, and the results page.
+"""`vespo report`: the tables and figures of a sweep, or the results page over several.
 
-    vespo report runs/staleness                           -> runs/staleness/report/report.md + PNGs
-    vespo report runs/staleness --out DIR --panel loss --curve N
+    vespo report runs/staleness                        runs/staleness/report/report.md and PNGs
+    vespo report runs/staleness --out docs/results/staleness --panel loss --curve N
     vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
-                                                          -> docs/results/<sweep>/ + the page
-    vespo report docs/results/staleness runs/lab/async ... --page docs/results.md
-                                                          (a committed archive in place of a sweep directory)
 
-A sweep's report.md holds, per condition (grid point without its seed), the mean over seeds with
-its interval of the held-out accuracy after training (sampled and greedy), of the training reward
-over the last quarter of the optimizer steps, and the optimizer steps and wall time to a training
-reward, the collapse count and diagnostics; each condition's paired difference against the sweep's
-reference (VESPO by default) seed by seed; with an lr axis, the stable learning-rate range and the
-collapse rate per lr; then one row per run (vespo.lab.tables). Figures (vespo.lab.figures):
-reward.png, kl.png, grad_norm.png (curves against optimizer steps), headline.png when the grid has
-loss and N axes, lr.png when it has an lr axis. Beside them runs.json.gz, the sweep's archive: what
-the report reads of every run (vespo.lab.results), so that it can be regenerated without the run
-directories. What "final" means: vespo.lab.results. With --page,
-every sweep's report goes to results/<name>/ beside the page, and the page gets the recommendation,
-the claims table and the rest (vespo.lab.page).
+A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). report.md
+gives per condition the final held-out accuracy (sampled and greedy) and the training reward over the
+last quarter with their intervals over seeds, the time to a target reward, collapses and diagnostics;
+each condition minus the reference condition, paired by seed; with an lr axis the stable learning-rate
+range and the collapse rate per lr; then one row per run (vespo.lab.tables). Figures: vespo.lab.figures.
+Beside them runs.json.gz, the sweep's archive (vespo.lab.runs). With --page, every sweep's report goes
+to results/<name>/ beside the page, and the page gets the recommendation, the claims and the rest
+(vespo.lab.page).
 """
 
 from __future__ import annotations
@@ -28,30 +21,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from vespo.lab.figures import write_figures
-from vespo.lab.page import write_page
-from vespo.lab.results import ARCHIVE, read_sweep, write_archive
-from vespo.lab.tables import sweep_markdown
-
-
-def write_report(sweep_dir: Path, out: Path, panel: str | None = None, curve: str | None = None) -> Path:
-    record, results = read_sweep(sweep_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(record, results, out, panel, curve)
-    path = out / "report.md"
-    path.write_text(sweep_markdown(record, results, figures))
-    write_archive(record, results, out / ARCHIVE)
-    return path
-
-
-# ---------------------------------------------------------------- command line
+from vespo.lab.page import write_page, write_sweep
+from vespo.lab.runs import ARCHIVE, read_lab
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vespo report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
-                   help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a report folder "
-                        "holding one)")
+                   help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a folder holding one)")
     p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with --page: "
                                  "results/ beside the page, one folder per sweep)")
     p.add_argument("--panel", help="grid axis with one panel per value (default: loss)")
@@ -59,8 +36,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--page", help="write the results page (markdown) over all the sweeps")
     p.add_argument("--claims", help="claims file for the page's claims table (configs/lab/claims.yaml)")
     args = p.parse_args(argv)
-    # a glob such as runs/lab/* also matches logs
-    files = [d for d in args.sweep_dirs if Path(d).is_file() and not d.endswith(ARCHIVE)]
+    files = [d for d in args.sweep_dirs if Path(d).is_file() and not d.endswith(ARCHIVE)]  # a glob also matches logs
     if files and len(files) < len(args.sweep_dirs):
         print(f"vespo report: skipping {len(files)} file(s) that are not sweep directories: {', '.join(files)}",
               file=sys.stderr)
@@ -76,11 +52,12 @@ def main(argv: list[str]) -> int:
                               "vespo report " + shlex.join(argv))
             print(f"wrote {path} and the sweeps' reports")
             return 0
+        sweeps, runs = read_lab(args.sweep_dirs[:1])
         out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
-        path = write_report(Path(args.sweep_dirs[0]), out, args.panel, args.curve)
+        write_sweep(next(iter(sweeps.values())), runs, out, args.panel, args.curve)
     except (FileNotFoundError, ValueError) as e:
         print(f"vespo report: {e}", file=sys.stderr)
         return 2
-    print(path.read_text().split("Runs:")[0])
-    print(f"wrote {path} and its figures")
+    print((out / "report.md").read_text().split("Runs:")[0])
+    print(f"wrote {out / 'report.md'} and its figures")
     return 0

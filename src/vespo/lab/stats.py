@@ -1,50 +1,46 @@
-"""Statistics over seeds: a Student t-interval for a mean and for paired differences, its coverage
-measured by simulation, and an exact interval for a collapse rate.
+"""Statistics over seeds: a t-interval and t-test for a mean and for paired differences, Holm's
+correction over a family of tests, exact tests and intervals for counts, and the interval's coverage
+measured by simulation.
 
-    mean_ci([0.41, 0.52, 0.47, 0.50, 0.39])                  Interval(mean=0.458, low=.., high=.., n=5)
-    paired_difference({"0": .50, "1": .40}, {"0": .45, "1": .41})    mean of (a - b) seed by seed
-    rate_ci(3, 10)                                            collapse rate 0.3 with its exact interval
-    coverage_table()                                          simulated coverage of mean_ci at 3, 5, 10 seeds
+    mean_ci([0.41, 0.52, 0.47, 0.50, 0.39])          Interval(mean=0.458, low=.., high=.., n=5)
+    d = paired(a, b)                                   a - b seed by seed (pd.Series indexed by seed)
+    p_value(d.values, 0.0)                             two-sided t-test of the mean difference against 0
+    holm([0.01, 0.04, 0.3])                            Holm-adjusted p-values
+    rate_ci(3, 10); coverage_table()
 
 Why a t-interval: a lab cell has 3-10 seeds. At such n the percentile bootstrap is far too narrow
 (a nominal 90% interval covers about 62% of the time at 3 seeds and 79% at 5 on normal data), BCa
 and the studentised bootstrap need more values than that to be stable, and an exact sign-flip test
-cannot reach a two-sided 10% level below 5 seeds (its smallest p at 3 seeds is 2/8). The
-t-interval mean +- t(n-1) x sd / sqrt(n) is exact for normal data at every n >= 2; on skewed data it
-covers less, and `coverage_table` measures how much (the results page prints that table, computed
-by this code, not copied).
-
-One value gives no interval (low = high = nan): fewer than MIN_SEEDS seeds cannot decide a claim
-at any effect size. Identical values give a zero-width interval.
-
-A paired difference compares two conditions run with the same seeds. In the lab, one seed means
-the same initial and warm-started weights and the same prompt order in every condition, so the
-seed-to-seed spread (the dominant noise) cancels in a - b.
+cannot reach a two-sided 10% level below 5 seeds. The t-interval is exact for normal data at any
+n >= 2; on skewed data, and where some runs collapse, it covers less, and `coverage_table` measures
+how much. A verdict is a test against the claim's line at the same level as the interval shown
+(p < 1 - CONFIDENCE two-sided <=> the 90% interval excludes the line), corrected by Holm over the
+page's tests: FAMILY_ERROR is the chance that any verdict of the family is a false one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import pandas as pd
+from scipy import stats as sps
 
-CONFIDENCE = 0.9
+CONFIDENCE = 0.9  # the intervals shown
+FAMILY_ERROR = 1 - CONFIDENCE  # Holm: family-wise error of the verdicts
 METHOD = "Student t-interval of the mean over seeds"
 MIN_SEEDS = 2  # the fewest values a t-interval can be formed from
-COVERAGE_SEEDS = (3, 5, 10)  # the seed counts the lab uses
-COVERAGE_REPS = 20000  # simulated experiments per (distribution, seeds): Monte-Carlo error ~0.2%
-COVERAGE_SEED = 0
 
 
 @dataclass(frozen=True)
 class Interval:
     mean: float
-    low: float  # nan when it cannot be estimated (fewer than MIN_SEEDS values)
+    low: float  # nan below MIN_SEEDS values
     high: float
-    n: int  # values it rests on
+    n: int
 
     @property
     def resolved(self) -> bool:
@@ -53,70 +49,99 @@ class Interval:
 
 @dataclass(frozen=True)
 class Paired:
-    diff: Interval  # the mean over seeds of a - b, with its interval
-    wins: int  # seeds where a > b
-    losses: int  # seeds where a < b
-    seeds: tuple[str, ...]  # the seeds both sides have
-    values: tuple[float, ...] = ()  # a - b on each of them
+    values: pd.Series  # a - b on each seed both have (index: seed)
+
+    @property
+    def diff(self) -> Interval:
+        return mean_ci(self.values)
+
+    @property
+    def wins(self) -> int:
+        return int((self.values > 0).sum())
 
 
-# ---------------------------------------------------------------- the interval
+def ci_text(ci: Interval | None, signed: bool = False, digits: int = 3) -> str:
+    """The one interval formatter: "0.512 [0.470, 0.551]"; "+0.031 [-0.010, +0.070]" when signed; a lone
+    value without an interval; "–" for none."""
+    if ci is None or ci.n == 0 or not math.isfinite(ci.mean):
+        return "–"
+    f = ("{:+." if signed else "{:.") + f"{digits}f}}"
+    return f.format(ci.mean) + (f" [{f.format(ci.low)}, {f.format(ci.high)}]" if ci.resolved else "")
 
 
 def t_interval(x: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean, low, high) over the last axis of x [..., n], n >= 2: mean +- t(n-1) x sd / sqrt(n)."""
-    from scipy.stats import t
-
     n = x.shape[-1]
     mean = x.mean(axis=-1)  # [...]
-    half = t.ppf(0.5 + confidence / 2, n - 1) * x.std(axis=-1, ddof=1) / math.sqrt(n)  # [...]
+    half = sps.t.ppf(0.5 + confidence / 2, n - 1) * x.std(axis=-1, ddof=1) / math.sqrt(n)  # [...]
     return mean, mean - half, mean + half
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
     """Mean of the finite values with its t-interval."""
-    x = np.asarray([v for v in values if _finite(v)], dtype=np.float64)  # [n]
-    if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan, 0)
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)  # [n]
     if x.size < MIN_SEEDS:
-        return Interval(float(x.mean()), math.nan, math.nan, int(x.size))
+        return Interval(float(x.mean()) if x.size else math.nan, math.nan, math.nan, int(x.size))
     mean, low, high = t_interval(x, confidence)
     return Interval(float(mean), float(low), float(high), int(x.size))
 
 
-def paired_difference(a: Mapping[str, float], b: Mapping[str, float], confidence: float = CONFIDENCE) -> Paired:
-    """a - b seed by seed over the seeds where both are finite; the mean difference with its interval."""
-    seeds = tuple(s for s in a if s in b and _finite(a[s]) and _finite(b[s]))
-    d = [a[s] - b[s] for s in seeds]
-    return Paired(mean_ci(d, confidence), sum(x > 0 for x in d), sum(x < 0 for x in d), seeds, tuple(d))
+def paired(a: pd.Series, b: pd.Series) -> Paired:
+    """a - b seed by seed over the seeds where both are finite."""
+    d = (a - b).dropna()
+    return Paired(d[np.isfinite(d)])
+
+
+def p_value(values: Sequence[float], line: float) -> float:
+    """Two-sided one-sample t-test of the mean against ``line`` (1 when nothing can be said; a zero-
+    width interval off the line gives 0)."""
+    x = np.asarray(values, dtype=np.float64)  # [n]
+    if x.size < MIN_SEEDS:
+        return 1.0
+    if np.ptp(x) == 0:
+        return 0.0 if abs(x[0] - line) > 1e-12 else 1.0
+    return float(sps.ttest_1samp(x, line).pvalue)
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control under any dependence)."""
+    p = np.asarray(p, dtype=np.float64)  # [m]
+    order = np.argsort(p, kind="stable")
+    adjusted = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))  # [m]
+    out = np.empty_like(p)
+    out[order] = adjusted
+    return out.tolist()
 
 
 def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
-    """A rate k / n (e.g. runs collapsed) with its Clopper-Pearson interval (exact: covers at least
-    ``confidence``); n = 0 gives nan."""
+    """A rate k / n with its Clopper-Pearson interval (exact: covers at least ``confidence``)."""
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
     return Interval(k / n, float(ci.low), float(ci.high), n)
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
+def exact_paired_p(only_a: int, only_b: int) -> float:
+    """McNemar's exact test: of the pairs where one side alone had the event, are the two counts equal?"""
+    return 1.0 if only_a + only_b == 0 else float(sps.binomtest(only_a, only_a + only_b).pvalue)
 
 
 # ---------------------------------------------------------------- measured coverage
 
 
 Draw = Callable[[np.random.Generator, tuple[int, int]], np.ndarray]
+COLLAPSE_SHARE, COLLAPSE_DROP = 0.2, 15.0  # the mixture case: this share of runs falls this many SDs
 
-# name -> (draw, true mean): the shapes a paired difference over seeds can take
-COVERAGE_CASES: dict[str, tuple[Draw, float]] = {
+COVERAGE_CASES: dict[str, tuple[Draw, float]] = {  # name -> (draw, true mean)
     "normal": (lambda rng, shape: rng.standard_normal(shape), 0.0),
     "skewed (gamma, skewness 1)": (lambda rng, shape: rng.gamma(4.0, size=shape), 4.0),
     "strongly skewed (exponential, skewness 2)": (lambda rng, shape: rng.exponential(size=shape), 1.0),
+    f"some runs collapse ({COLLAPSE_SHARE:.0%} of them fall {COLLAPSE_DROP:g} SDs)": (
+        lambda rng, shape: rng.standard_normal(shape) - COLLAPSE_DROP * (rng.uniform(size=shape) < COLLAPSE_SHARE),
+        -COLLAPSE_SHARE * COLLAPSE_DROP),
 }
+COVERAGE_SEEDS = (3, 5, 10)
+COVERAGE_REPS = 20000  # Monte-Carlo error ~0.2%
 
 
 @dataclass(frozen=True)
@@ -124,22 +149,18 @@ class Coverage:
     case: str
     seeds: int
     covered: float  # share of simulated intervals that hold the true mean
-    above: float  # share that lie wholly above it (a false "greater")
-    below: float  # share that lie wholly below it (a false "less")
+    above: float  # share wholly above it (a false "greater")
+    below: float
 
 
-def coverage(case: str, seeds: int, reps: int = COVERAGE_REPS, seed: int = COVERAGE_SEED,
-             confidence: float = CONFIDENCE) -> Coverage:
-    """Simulate ``reps`` experiments of ``seeds`` values from COVERAGE_CASES[case] and count how
-    often mean_ci's interval (the same t_interval) holds the true mean."""
+def coverage(case: str, seeds: int, reps: int = COVERAGE_REPS, seed: int = 0) -> Coverage:
+    """How often mean_ci's interval (the same t_interval) holds the true mean of COVERAGE_CASES[case]."""
     draw, truth = COVERAGE_CASES[case]
-    x = draw(np.random.default_rng(seed), (reps, seeds))  # [reps, seeds]
-    _, low, high = t_interval(x, confidence)  # [reps] each
+    _, low, high = t_interval(draw(np.random.default_rng(seed), (reps, seeds)))  # [reps] each
     above, below = float(np.mean(low > truth)), float(np.mean(high < truth))
     return Coverage(case, seeds, 1.0 - above - below, above, below)
 
 
-@lru_cache(maxsize=8)  # a pure function of its arguments: a page and its tests ask again
+@lru_cache(maxsize=8)
 def coverage_table(seeds: tuple[int, ...] = COVERAGE_SEEDS, reps: int = COVERAGE_REPS) -> tuple[Coverage, ...]:
-    """Coverage of every case at every seed count, in COVERAGE_CASES order."""
     return tuple(coverage(case, n, reps) for case in COVERAGE_CASES for n in seeds)

@@ -1,15 +1,11 @@
-"""The tables of a sweep, in markdown: one home for what the report and the results page print.
+"""The tables of a sweep, in markdown (pandas' to_markdown): one home for what the report and the page print.
 
-    condition_table(record, results)    per condition: the finals with their intervals, time to the
-                                        target reward, collapses and diagnostics
-    paired_table(record, results)       each condition minus the reference condition, seed by seed
-    lr_table(record, results)           per loss: the stable lr range and the collapse rate per lr
-    run_table(record, results)          one row per run
-    sweep_markdown(record, results, figures)   a sweep's whole report.md
-
-The prose beside them (`definitions`) is written from the objects that decide it: the interval's
-method and level (vespo.lab.stats), the collapse rule (vespo.lab.collapse.RULE) and the time-to-
-accuracy target (vespo.lab.results.TARGET_REWARD).
+    condition_table(sweep, runs)   per condition: the finals with their intervals, time to the target
+                                   reward, collapses and diagnostics
+    paired_table(sweep, runs)      each condition minus the reference condition, seed by seed
+    lr_table(sweep, runs)          per loss: the widest lr range with no collapsed run, the collapse rate per lr
+    run_table(sweep, runs)         one row per run
+    sweep_markdown(sweep, runs, figures)   a sweep's whole report.md
 """
 
 from __future__ import annotations
@@ -17,17 +13,26 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from vespo.lab import collapse, stats
-from vespo.lab.lr_range import LR_AXIS, lr_ranges, lr_text
-from vespo.lab.results import TARGET_REWARD, TARGET_WINDOW, RunResult, by_seed, conditions, group, order
-from vespo.lab.stats import Interval, mean_ci, paired_difference, rate_ci
+from vespo.lab.claims import SETTLED_BAND, settling
+from vespo.lab.grid import Sweep
+from vespo.lab.runs import TARGET_REWARD, TARGET_WINDOW, by_seed
+from vespo.lab.stats import ci_text, mean_ci, paired, rate_ci
+
+LR_AXIS = "lr"
+
+
+def markdown(rows: list[dict]) -> str:
+    return pd.DataFrame(rows).to_markdown(index=False, tablefmt="github", disable_numparse=True) if rows else ""
 
 
 def definitions() -> str:
-    level = f"{stats.CONFIDENCE:.0%}"
     return (
-        f"Mean over seeds with its {level} interval in brackets ({stats.METHOD}). Held-out = accuracy on the "
-        "task's held-out problems after the last update (one sample per problem, and greedy); train = training "
+        f"Mean over seeds with its {stats.CONFIDENCE:.0%} interval in brackets ({stats.METHOD}). Held-out = accuracy "
+        "on the task's held-out problems after the last update (one sample per problem, and greedy); train = training "
         "reward over the last quarter of the optimizer steps (the same samples at every N). Updates / seconds to "
         f"{TARGET_REWARD:g} = optimizer steps and training wall time until the training reward over a window of "
         f"{TARGET_WINDOW} updates first reaches {TARGET_REWARD:g}, over the runs that reach it (how many, in "
@@ -36,172 +41,15 @@ def definitions() -> str:
         "rollout engine and trainer (engine), over the last quarter.")
 
 
-# ---------------------------------------------------------------- per condition
-
-
-def condition_table(record: dict, results: list[RunResult]) -> str:
-    axes = conditions(record)
-    head = axes + ["runs", "held-out sampled", "held-out greedy", "train (last quarter)",
-                   f"updates to {TARGET_REWARD:g}", f"seconds to {TARGET_REWARD:g}", "collapsed", "max grad norm",
-                   "mean ESS", "log W range", "stale KL k3", "engine KL k3"]
-    lines = [row(head), row(["---"] * len(head))]
-    groups = group(results, axes)
-    for key in sorted(groups, key=lambda k: order(record, axes, k)):
-        lines.append(row(list(key) + _condition_cells(groups[key])))
-    return "\n".join(lines)
-
-
-def _condition_cells(runs: list[RunResult]) -> list[str]:
-    usable = [r for r in runs if r.usable]
-    s = [r.stats for r in usable]
-    missing = len(runs) - len(usable)
-    reasons = sorted({r.collapse.reason for r in usable if r.collapse.collapsed})
-    return [f"{len(usable)}" + (f" (+{missing} not finished)" if missing else ""),
-            ci_text(mean_ci(list(by_seed(runs, "eval_sampled").values()))),
-            ci_text(mean_ci(list(by_seed(runs, "eval_greedy").values()))),
-            ci_text(mean_ci(list(by_seed(runs, "train_last").values()))),
-            reached_text(runs, "updates_to_target", digits=0), reached_text(runs, "seconds_to_target", digits=0),
-            f"{sum(r.collapse.collapsed for r in usable)}/{len(usable)}" + (f" ({', '.join(reasons)})" if reasons else ""),
-            num(_max(x["max_grad_norm"] for x in s)), num(_mean([x["ess"] for x in s])),
-            _range(_min(x["log_w_min"] for x in s), _max(x["log_w_max"] for x in s)),
-            num(_mean([x["final_kl"] for x in s]), sci=True), num(_mean([x["final_engine_kl"] for x in s]), sci=True)]
-
-
-def reached_text(runs: list[RunResult], metric: str, digits: int = 0) -> str:
-    """Mean [interval] over the runs that reached the target, "(k/n)" when not all did; "never (0/n)"."""
-    values = list(by_seed(runs, metric).values())
-    reached = [v for v in values if math.isfinite(v)]
-    if not values:
-        return "–"
-    if not reached:
-        return f"never (0/{len(values)})"
-    text = ci_text(mean_ci(reached), digits=digits)
-    return text + (f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else "")
-
-
-# ---------------------------------------------------------------- paired against the reference
-
-
-def paired_table(record: dict, results: list[RunResult]) -> str:
-    """Each condition minus the reference condition with the same other labels, seed by seed."""
-    ref = record.get("reference") or {}
-    if not ref:
-        return ""
-    (axis, ref_value), = ref.items()
-    axes = conditions(record)
-    others = [a for a in axes if a != axis]
-    head = others + [axis, "Δ held-out sampled", "Δ held-out greedy", "Δ train (last quarter)", "seeds", "higher in"]
-    lines = [row(head), row(["---"] * len(head))]
-    groups = group(results, axes)
-    for key in sorted(groups, key=lambda k: order(record, axes, k)):
-        labels = dict(zip(axes, key))
-        if labels[axis] == ref_value:
-            continue
-        partner = groups.get(tuple(ref_value if a == axis else labels[a] for a in axes), [])
-        diffs = [paired_difference(by_seed(groups[key], m), by_seed(partner, m))
-                 for m in ("eval_sampled", "eval_greedy", "train_last")]
-        lines.append(row([labels[a] for a in others] + [labels[axis]] + [ci_text(d.diff, signed=True) for d in diffs]
-                         + [str(diffs[0].diff.n), f"{diffs[0].wins}/{diffs[0].diff.n}"]))
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- the learning-rate range
-
-
-def lr_table(record: dict, results: list[RunResult]) -> str:
-    if LR_AXIS not in conditions(record):
-        return ""
-    ranges = lr_ranges(record, results)
-    names = list(ranges[0].condition) if ranges else []
-    level = f"{stats.CONFIDENCE:.0%}"
-    head = names + ["stable lr range", "width", "best held-out sampled in it",
-                    f"per lr: collapsed/runs, rate [{level} exact interval]"]
-    lines = [row(head), row(["---"] * len(head))]
-    for r in ranges:
-        span = "none" if r.low is None else f"{lr_text(r.low)} to {lr_text(r.high)}"
-        best = "–" if r.best is None else f"{ci_text(r.best.reward)} at {lr_text(r.best.lr)}"
-        per_lr = ", ".join(f"{lr_text(p.lr)}: {p.collapsed}/{p.runs} {_rate(p.collapsed, p.runs)}"
-                           + (f" (+{p.missing})" if p.missing else "") for p in r.points)
-        lines.append(row(list(r.condition.values()) + [span, "–" if r.low is None else f"{r.width:.3g}x", best, per_lr]))
-    return "\n".join(lines)
-
-
-def _rate(k: int, n: int) -> str:
-    r = rate_ci(k, n)
-    return "" if r.n == 0 else f"[{r.low:.2f}, {r.high:.2f}]"
-
-
-# ---------------------------------------------------------------- per run
-
-
-def run_table(record: dict, results: list[RunResult]) -> str:
-    head = ["run", "status", "logged steps", "held-out sampled", "held-out greedy", "train (last quarter)",
-            "best train", f"updates to {TARGET_REWARD:g}", "collapse", "max grad norm", "mean ESS", "final EOS rate",
-            "seconds"]
-    lines = [row(head), row(["---"] * len(head))]
-    for r in results:
-        s = r.stats
-        seconds = r.run.summary.get("seconds") if r.run is not None else None
-        lines.append(row([f"`{r.name}`", r.status, str(len(r.run.rows)) if r.run else "0",
-                          num(s.get("eval_sampled")), num(s.get("eval_greedy")), num(s.get("train_last")),
-                          num(s.get("best_reward")), num(s.get("updates_to_target"), digits=0), run_collapse_text(r),
-                          num(s.get("max_grad_norm")), num(s.get("ess")), num(s.get("final_eos")),
-                          num(seconds, digits=0)]))
-    return "\n".join(lines)
-
-
-def run_collapse_text(r: RunResult) -> str:
-    c = r.collapse
-    if not c.collapsed:
-        return "no"
-    where = f"update {c.update}" if c.update is not None else f"point {c.step}"
-    return f"{c.reason} at {where}" + (f" ({c.evidence})" if c.evidence else "")
-
-
-# ---------------------------------------------------------------- a sweep's tables and report
-
-
-def sweep_tables(record: dict, results: list[RunResult]) -> list[str]:
-    """The condition table, the paired differences and the lr range: the lines both the report and
-    the results page print for a sweep, below the sweep file's description when it has one."""
-    lines = [record["description"], ""] if record.get("description") else []
-    lines += [condition_table(record, results), ""]
-    paired = paired_table(record, results)
-    if paired:
-        (axis, value), = record["reference"].items()
-        lines += [f"Paired differences against {axis} = {value} (same seed: same warm start and prompt order; "
-                  f"a - reference, mean over seeds with its {stats.CONFIDENCE:.0%} interval):", "", paired, ""]
-    lr = lr_table(record, results)
-    if lr:
-        lines += ["Learning-rate range (stable: every run at that lr finished without collapse):", "", lr, ""]
-    return lines
-
-
-def sweep_markdown(record: dict, results: list[RunResult], figures: list[Path]) -> str:
-    seeds = sorted({r.seed for r in results} - {""}, key=lambda s: (len(s), s))
-    lines = [f"## Sweep `{record['name']}`", "",
-             f"{len(results)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + ". " + definitions(), ""]
-    lines += sweep_tables(record, results)
-    lines += ["Runs:", "", run_table(record, results), ""]
-    lines += [f"![{f.stem}]({f.name})" for f in figures]
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------- cells
-
-
-def ci_text(ci: Interval, signed: bool = False, digits: int = 3) -> str:
-    """"0.512 [0.470, 0.551]"; "+0.031 [-0.010, +0.070]" when signed; a lone value has no interval."""
-    if ci.n == 0 or not math.isfinite(ci.mean):
-        return "–"
-    f = ("{:+." if signed else "{:.") + f"{digits}f}}"
-    if not ci.resolved:
-        return f.format(ci.mean)
-    return f"{f.format(ci.mean)} [{f.format(ci.low)}, {f.format(ci.high)}]"
-
-
-def row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None) -> list[tuple[tuple, pd.DataFrame]]:
+    """(labels, runs) per condition (the sweep's axes but the seed, or ``axes``), in grid order."""
+    axes = sweep.conditions if axes is None else axes
+    if not axes:
+        return [((), runs)]
+    groups = list(runs.groupby(axes, sort=False))
+    key = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
+    return sorted(((k if isinstance(k, tuple) else (k,), g) for k, g in groups),
+                  key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(key, kg[0])))
 
 
 def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
@@ -210,22 +58,161 @@ def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
     return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
 
 
-def _range(lo: float, hi: float) -> str:
-    return "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:.2f}, {hi:.2f}]"
+def _agg(values: pd.Series, how: str) -> float:
+    finite = values[np.isfinite(values.to_numpy(dtype=float))]
+    return float(getattr(finite, how)()) if len(finite) else math.nan
 
 
-def _finite(xs) -> list[float]:
-    return [x for x in xs if x is not None and math.isfinite(x)]
+def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    rows = []
+    for key, cell in conditions(sweep, runs):
+        usable = cell[cell.usable]
+        missing = len(cell) - len(usable)
+        reasons = sorted(set(usable[usable.collapsed].reason))
+        rows.append({**dict(zip(sweep.conditions, key)),
+                     "runs": f"{len(usable)}" + (f" (+{missing} not finished)" if missing else ""),
+                     "held-out sampled": ci_text(mean_ci(by_seed(cell, "eval_sampled"))),
+                     "held-out greedy": ci_text(mean_ci(by_seed(cell, "eval_greedy"))),
+                     "train (last quarter)": ci_text(mean_ci(by_seed(cell, "train_last"))),
+                     f"updates to {TARGET_REWARD:g}": reached_text(cell, "updates_to_target"),
+                     f"seconds to {TARGET_REWARD:g}": reached_text(cell, "seconds_to_target"),
+                     "collapsed": f"{int(usable.collapsed.sum())}/{len(usable)}" + (f" ({', '.join(reasons)})" if reasons else ""),
+                     "max grad norm": num(_agg(usable.max_grad_norm, "max")), "mean ESS": num(_agg(usable.ess, "mean")),
+                     "log W range": "–" if not math.isfinite(_agg(usable.log_w_min, "min") + _agg(usable.log_w_max, "max"))
+                     else f"[{_agg(usable.log_w_min, 'min'):.2f}, {_agg(usable.log_w_max, 'max'):.2f}]",
+                     "stale KL k3": num(_agg(usable.final_kl, "mean"), sci=True),
+                     "engine KL k3": num(_agg(usable.final_engine_kl, "mean"), sci=True)})
+    return markdown(rows)
 
 
-def _mean(xs) -> float:
-    xs = _finite(xs)
-    return sum(xs) / len(xs) if xs else math.nan
+def reached_text(runs: pd.DataFrame, metric: str) -> str:
+    """Mean [interval] over the runs that reached the target, "(k/n)" when not all did; "never (0/n)"."""
+    values = by_seed(runs, metric)
+    reached = values[np.isfinite(values)]
+    if not len(values):
+        return "–"
+    if not len(reached):
+        return f"never (0/{len(values)})"
+    return ci_text(mean_ci(reached), digits=0) + (f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else "")
 
 
-def _max(xs) -> float:
-    return max(_finite(xs), default=math.nan)
+def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Each condition minus the reference condition with the same other labels, seed by seed."""
+    if not sweep.reference:
+        return ""
+    (axis, ref), = sweep.reference.items()
+    others, rows = [a for a in sweep.conditions if a != axis], []
+    cells = dict(conditions(sweep, runs))
+    for key, cell in cells.items():
+        labels = dict(zip(sweep.conditions, key))
+        if labels[axis] == ref:
+            continue
+        partner = cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions), runs.iloc[:0])
+        d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in ("eval_sampled", "eval_greedy", "train_last")}
+        rows.append({**{a: labels[a] for a in others}, axis: labels[axis],
+                     "Δ held-out sampled": ci_text(d["eval_sampled"].diff, signed=True),
+                     "Δ held-out greedy": ci_text(d["eval_greedy"].diff, signed=True),
+                     "Δ train (last quarter)": ci_text(d["train_last"].diff, signed=True),
+                     "seeds": str(d["eval_sampled"].diff.n),
+                     "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
+    return markdown(rows)
 
 
-def _min(xs) -> float:
-    return min(_finite(xs), default=math.nan)
+def settle_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    rows = [{**dict(zip(sweep.conditions, key)), "last quarter minus the quarter before": ci_text(ci, signed=True),
+             "curves": word} for key, cell in conditions(sweep, runs) for ci, word in [settling(cell)]]
+    return markdown(rows) if any(r["curves"] != "–" for r in rows) else ""
+
+
+def lr_text(lr: float) -> str:
+    """5e-05 -> "5e-5", 0.00025 -> "2.5e-4"."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def lr_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's learning rate: its config's optim.lr, else its lr label."""
+    lr = runs.record.map(lambda r: float((r.config.get("optim") or {}).get("lr", math.nan)))
+    return lr.fillna(pd.to_numeric(runs[LR_AXIS], errors="coerce"))
+
+
+def lr_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per learning rate (ascending): runs, missing, collapsed, stable (every run finished, none collapsed)."""
+    out = runs.assign(lr_value=lr_of(runs), dead=runs.collapsed & runs.usable).groupby("lr_value").agg(
+        runs=("usable", "sum"), total=("usable", "size"), collapsed=("dead", "sum"))
+    return out.assign(missing=out.total - out.runs, stable=(out.runs > 0) & (out.total == out.runs) & (out.collapsed == 0))
+
+
+def widest_stable(points: pd.DataFrame) -> tuple[float, float] | None:
+    """(low, high) of the widest run of consecutive stable learning rates."""
+    spans, start = [], None
+    for i, (lr, stable) in enumerate(list(points.stable.items()) + [(None, False)]):
+        if stable and start is None:
+            start = i
+        elif not stable and start is not None:
+            spans.append((points.index[start], points.index[i - 1]))
+            start = None
+    return max(spans, key=lambda s: s[1] / s[0]) if spans else None
+
+
+def lr_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    if LR_AXIS not in sweep.conditions:
+        return ""
+    others = [a for a in sweep.conditions if a != LR_AXIS]
+    rows = []
+    for key, cell in conditions(sweep, runs, others):
+        points, span = lr_points(cell), widest_stable(lr_points(cell))
+        rewards = {lr: mean_ci(by_seed(cell[lr_of(cell) == lr], "eval_sampled")) for lr in points.index}
+        best = None if span is None else max((lr for lr in rewards if span[0] <= lr <= span[1]),
+                                             key=lambda lr: rewards[lr].mean if math.isfinite(rewards[lr].mean) else -1)
+        rows.append({**dict(zip(others, key)), "stable lr range": "none" if span is None else
+                     f"{lr_text(span[0])} to {lr_text(span[1])}", "width": "–" if span is None else f"{span[1] / span[0]:.3g}x",
+                     "best held-out sampled in it": "–" if best is None else f"{ci_text(rewards[best])} at {lr_text(best)}",
+                     f"per lr: collapsed/runs, rate [{stats.CONFIDENCE:.0%} exact interval]": ", ".join(
+                         f"{lr_text(lr)}: {p.collapsed}/{p.runs} " + _rate(p.collapsed, p.runs)
+                         + (f" (+{p.missing})" if p.missing else "") for lr, p in points.iterrows())})
+    return markdown(rows)
+
+
+def _rate(k: int, n: int) -> str:
+    r = rate_ci(int(k), int(n))
+    return "" if r.n == 0 else f"[{r.low:.2f}, {r.high:.2f}]"
+
+
+def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    return markdown([{"run": f"`{r.run}`", "status": r.status, "logged steps": str(len(r.record.rows or [])),
+                      "held-out sampled": num(r.eval_sampled), "held-out greedy": num(r.eval_greedy),
+                      "train (last quarter)": num(r.train_last), "best train": num(r.best_reward),
+                      f"updates to {TARGET_REWARD:g}": num(r.updates_to_target, digits=0),
+                      "collapse": f"{r.reason} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
+                      "max grad norm": num(r.max_grad_norm), "mean ESS": num(r.ess), "final EOS rate": num(r.final_eos),
+                      "seconds": num(r.seconds, digits=0)} for r in runs.itertuples()])
+
+
+def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
+    """The condition table, the paired differences and the lr range, below the sweep file's description."""
+    lines = [sweep.description, ""] if sweep.description else []
+    lines += [condition_table(sweep, runs), ""]
+    paired_md = paired_table(sweep, runs)
+    if paired_md:
+        (axis, value), = sweep.reference.items()
+        lines += [f"Paired differences against {axis} = {value} (same seed: same warm start and prompt order; "
+                  f"a - reference, mean over seeds with its {stats.CONFIDENCE:.0%} interval):", "", paired_md, ""]
+    settle = settle_table(sweep, runs)
+    if settle:
+        lines += [f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the "
+                  f"updates minus that of the quarter before, with its {stats.CONFIDENCE:.0%} interval: *settled* where "
+                  f"the interval lies within ±{SETTLED_BAND:g}, *still rising* where it lies above 0:", "", settle, ""]
+    lr = lr_table(sweep, runs)
+    if lr:
+        lines += ["Learning-rate range (stable: every run at that lr finished without collapse):", "", lr, ""]
+    return lines
+
+
+def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
+    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
+    lines = [f"## Sweep `{sweep.name}`", "",
+             f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + ". " + definitions(), ""]
+    lines += sweep_tables(sweep, runs) + ["Runs:", "", run_table(sweep, runs), ""]
+    lines += [f"![{f.stem}]({f.name})" for f in figures]
+    return "\n".join(lines) + "\n"
