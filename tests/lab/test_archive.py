@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from vespo.lab import report
-from vespo.lab.results import ARCHIVE, read_sweep
+from vespo.lab.runs import ARCHIVE, read_lab, read_sweep
 
 
 def _sweep(synthetic):
@@ -56,10 +56,11 @@ def test_the_page_from_the_archive_alone_is_the_page_from_the_runs(synthetic, tm
         assert (second.parent / "results" / "staleness" / name).read_bytes() == \
             (first.parent / "results" / "staleness" / name).read_bytes(), name
     # collapse verdicts, statuses and every statistic survive the round trip
-    record, results = read_sweep(archive)
-    assert record["name"] == "staleness" and record["sessions"][0]["seconds"] == 1500
-    assert sum(r.collapse.collapsed for r in results) == 6  # grpo falls from 0.5 to 0.05 in every run
-    assert all(r.status == "done" and r.eval_before == {} for r in results)
+    sweep, _ = read_sweep(archive)
+    assert sweep.name == "staleness" and sweep.sessions[0]["seconds"] == 1500
+    _, runs = read_lab([archive])
+    assert runs.collapsed.sum() == 6  # grpo falls from 0.5 to 0.05 in every run
+    assert (runs.status == "done").all() and all(r.eval_before == {} for r in runs.record)
 
 
 def test_regenerating_in_place_from_the_archive_rewrites_the_same_bytes(synthetic, tmp_path):
@@ -86,7 +87,7 @@ def test_an_archive_and_a_sweep_directory_share_one_page(synthetic, tmp_path):
     page = tmp_path / "docs" / "results.md"
     assert report.main([str(out / ARCHIVE), str(ab.dir), "--page", str(page)]) == 0
     text = page.read_text()
-    assert "### `staleness`" in text and "### `asymmetry`" in text and "| `staleness` |" in text
+    assert "### `staleness`" in text and "### `asymmetry`" in text and "| `staleness` " in text
 
 
 def test_the_archive_keeps_only_what_the_lab_reads(synthetic, tmp_path):
@@ -126,6 +127,6 @@ def test_the_committed_archives_read():
     archives = sorted([*results.glob(f"*/{ARCHIVE}"), *results.glob(f"in_progress/*/{ARCHIVE}")])
     assert archives
     for archive in archives:
-        record, results = read_sweep(archive)
-        assert results and record["name"] == archive.parent.name
-        assert all(r.status in ("done", "failed", "interrupted", "unfinished") for r in results)
+        sweep, runs = read_sweep(archive)
+        assert runs and sweep.name == archive.parent.name
+        assert all(r.status in ("done", "failed", "interrupted", "unfinished") for r in runs)

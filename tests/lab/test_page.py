@@ -7,8 +7,10 @@ import re
 import pytest
 import yaml
 
-from vespo.lab import collapse, report, stats, tables
-from vespo.lab.results import read_sweep
+from vespo.lab import collapse, report, simulate, stats, tables
+from vespo.lab.runs import read_lab
+
+from conftest import cells
 
 
 def _sweeps(synthetic):
@@ -18,7 +20,7 @@ def _sweeps(synthetic):
         for n in ("1", "64"):
             for loss, v in (("vespo", 0.6), ("grpo", 0.5)):
                 st.run({"loss": loss, "N": n, "seed": seed}, [0.3, 0.4, 0.5, 0.6], n=int(n) // 16 or 1,
-                       eval_sampled=v + 0.01 * int(seed), seconds=60.0)
+                       eval_sampled=v + 0.01 * int(seed), evals=[0.3, 0.4, 0.5, v + 0.01 * int(seed)], seconds=60.0)
     st.session("vespo sweep configs/lab/staleness.yaml --out runs/lab/staleness --jobs 2 --only seed=0", 1500,
                start="2026-01-01T10:00:00+00:00", end="2026-01-01T10:25:00+00:00")
     st.session("vespo sweep configs/lab/staleness.yaml --out runs/lab/staleness --jobs 2", 2100, dirty=True,
@@ -46,18 +48,19 @@ def test_the_page(synthetic, tmp_path):
     assert report.main([str(st.dir), str(ab.dir), "--claims", str(claims), "--page", str(page)]) == 0
     text = page.read_text()
     assert "Single runs are not results" in text and "grow chaotically" in text and "distribution over seeds" in text
-    rows = [line for line in text.splitlines() if re.match(r"\| \d \|", line)]
-    # +0.1 on each of 3 seeds: the interval excludes 0, but 3 seeds are fewer than robust asks for
-    assert rows[0] == ("| 1 | VESPO above GRPO at N = 64 | staleness | eval_sampled difference vs loss=grpo: "
-                       "+0.100 [+0.100, +0.100], 3 seeds, higher in 3 | **agrees** | supported |")
-    assert rows[1].endswith("| **not resolved** | unclear |")  # equal on both seeds: a zero-width interval at 0
-    assert rows[2] == ("| 3 | no length normalization is best | length_norm | sweep 'length_norm' not run | "
-                       "**not run** | – |")
+    rows = cells(text.split("## The paper's claims")[1].split("How a row is decided")[0])[1:]
+    # +0.1 on each of 3 seeds (zero spread: p = 0) on every reading; 3 seeds are fewer than robust asks for
+    assert rows[0] == ["1", "VESPO above GRPO at N = 64", "staleness", "eval_sampled difference: vs loss=grpo: "
+                       "+0.100 [+0.100, +0.100], 3 seeds, higher in 3 (Holm p 0.000)", "**agrees**", "supported"]
+    assert rows[1][4:] == ["**not resolved**", "unclear"]  # equal on both seeds: a zero-width interval at 0
+    assert rows[2] == ["3", "no length normalization is best", "length_norm", "sweep 'length_norm' not run",
+                       "**not run**", "–"]
     assert "![headline](results/staleness/headline.png)" in text
     # the sweeps table: finished / grid, wall time (sum of the sessions), commits (dirty marked), machine
-    assert ("| `staleness` | `configs/lab/staleness.yaml` | 12 / 12 | 60 min, 2 calls (runs 12 min in all) | "
-            "`abc1234de`, `fedcba987 (dirty)` | box (2 CPUs, torch 2.x) |") in text
-    assert "| `asymmetry` | `configs/lab/asymmetry.yaml` | 4 / 4 | not recorded (runs 1 min in all) |" in text
+    sweeps = cells(text.split("## Sweeps")[1].split("###")[0])
+    assert sweeps[1][:6] == ["`staleness`", "`configs/lab/staleness.yaml`", "12 / 12", "60 min, 2 calls (runs 12 min "
+                             "in all)", "`abc1234de`, `fedcba987 (dirty)`", "box (2 CPUs, torch 2.x)"]
+    assert sweeps[2][:4] == ["`asymmetry`", "`configs/lab/asymmetry.yaml`", "4 / 4", "not recorded (runs 1 min in all)"]
     assert "    vespo sweep configs/lab/staleness.yaml --out runs/lab/staleness --jobs 2 --only seed=0" in text
     assert "Ran from 2026-01-01 10:00 UTC to 2026-01-02 09:35 UTC" in text
     assert "No sessions.jsonl: commands, commit and wall time were not recorded" in text
@@ -78,10 +81,12 @@ def test_the_page_says_how_numbers_are_judged_from_the_code(synthetic, tmp_path)
     for c in stats.coverage_table():
         assert f"{c.covered:.1%} (wholly above: {c.above:.1%})" in text
     assert collapse.describe() in text
-    assert "| stable, calm (wobble 0.3) | 0.0% |" in text
-    record, results = read_sweep(st.dir)
-    assert tables.condition_table(record, results) in text and tables.paired_table(record, results) in text
-    assert "In the sweeps below the rule flagged 0 of 16 finished runs" in text
+    for r in simulate.rates():
+        assert f"{r.flagged:.1%}" in text
+    sweeps, runs = read_lab([st.dir])
+    sweep = sweeps["staleness"]
+    assert tables.condition_table(sweep, runs) in text and tables.paired_table(sweep, runs) in text
+    assert "One final evaluation on" not in text  # the synthetic runs name no task.eval_size
 
 
 def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
@@ -91,18 +96,16 @@ def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
                                                      "among": "loss", "over": "N"}], "claims": []}))
     page = tmp_path / "results.md"
     assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
-    text = page.read_text()
-    head = text.split("## Recommendation")[1].split("**Single runs")[0]
-    # vespo - grpo = +0.1 on each of 3 seeds at both N
+    head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
+    # vespo - grpo = +0.1 on each of 3 seeds, at both N
     assert "**Synchronous training**" in head
-    assert ("- N = 64: use **VESPO** (held-out 0.610 [0.593, 0.627]); ahead of GRPO by +0.100 [+0.100, +0.100], "
-            "higher in 3/3 seeds (supported)") in head
+    assert ("- N = 64, after 16 updates: use **VESPO** (held-out 0.610 [0.593, 0.627]); GRPO behind VESPO by "
+            "+0.100 [+0.100, +0.100], higher in 3/3 seeds (supported)") in head
     assert "What this scale cannot say:" in head
 
 
 def test_the_recommendation_can_name_the_values_of_its_axis_it_holds_at(synthetic, tmp_path, capsys):
-    """`at` keeps a setting to the values of `over` it names (the endpoint runs the other losses at N = 64
-    only: at N = 1 they make VESPO's update exactly); a value the axis lacks is named."""
+    """`at` keeps a setting to the values of `over` it names; a value the axis lacks is named."""
     st, _ = _sweeps(synthetic)
     claims = tmp_path / "claims.yaml"
     entry = {"setting": "synchronous training", "sweep": "staleness", "among": "loss", "over": "N", "at": ["64"]}
@@ -110,10 +113,11 @@ def test_the_recommendation_can_name_the_values_of_its_axis_it_holds_at(syntheti
     page = tmp_path / "results.md"
     assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
-    assert "- N = 64: use **VESPO**" in head and "N = 1" not in head
+    assert "- N = 64, after 16 updates: use **VESPO**" in head and "N = 1" not in head
     claims.write_text(yaml.safe_dump({"recommend": [{**entry, "at": ["32"]}], "claims": []}))
     assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 2
-    assert "recommend[0]: at ['32'] must be values of its 'over' axis 'N'" in capsys.readouterr().err
+    assert "recommend[0]: sweep 'staleness' has no axis 'loss' or 'N', or at ['32'] is not on it" in \
+        capsys.readouterr().err
 
 
 def test_the_sweep_files_description_heads_its_tables_and_excluded_runs_stay_out(synthetic, tmp_path):
@@ -123,16 +127,17 @@ def test_the_sweep_files_description_heads_its_tables_and_excluded_runs_stay_out
     record = {**st.record, "description": "At N = 1 every loss makes the same update, so only VESPO runs there.",
               "exclude": [{"loss": ["grpo"], "N": ["1"]}]}
     (st.dir / "sweep.json").write_text(json.dumps(record))
-    _, results = read_sweep(st.dir)
-    assert len(results) == 9 and not any(r.labels == {"loss": "grpo", "N": "1", "seed": "0"} for r in results)
+    _, runs = read_lab([st.dir])
+    assert len(runs) == 9 and not ((runs.loss == "grpo") & (runs.N == "1")).any()
     page = tmp_path / "results.md"
     assert report.main([str(st.dir), "--page", str(page)]) == 0
     text = page.read_text()
     section = text.split("### `staleness`")[1]
-    assert section.index("only VESPO runs there.") < section.index("| loss | N | runs |")
-    assert "| grpo | 1 |" not in section and "| grpo | 64 | 3 |" in section
+    assert section.index("only VESPO runs there.") < section.index("| loss ")
+    rows = cells(section.split("only VESPO runs there.")[1].split("Paired differences")[0])
+    assert [r[:3] for r in rows[1:]] == [["vespo", "1", "3"], ["vespo", "64", "3"], ["grpo", "64", "3"]]
     report_md = (tmp_path / "results" / "staleness" / "report.md").read_text()
-    assert report_md.index("only VESPO runs there.") < report_md.index("| loss | N | runs |")
+    assert report_md.index("only VESPO runs there.") < report_md.index("| loss ")
 
 
 def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):
@@ -176,27 +181,25 @@ def test_claims_need_a_page(tmp_path):
         report.main([str(tmp_path), "--claims", "c.yaml"])
 
 
-def test_the_page_measures_the_collapse_rules_false_positive_rate(synthetic, tmp_path):
-    """Of the runs that ended at least as well as their condition's median unflagged run, the share the
-    rule flagged, with its exact (Clopper-Pearson) interval; a condition where every run collapsed (a
-    positive control) has no unflagged runs to compare with and stays out of the rate."""
+def test_the_page_measures_the_collapse_rules_misses_against_an_independent_criterion(synthetic, tmp_path):
+    """The final evaluation below half the warm start calls a run collapsed whatever the rule says: the page
+    counts the rule's misses among those, with the exact interval, and names the runs the two disagree on."""
     from scipy.stats import beta
 
     sw = synthetic("lr_range", {"lr": ["1e-4", "1e-3"], "seed": ["0", "1", "2", "3"]}, reference={})
-    rising, falling = [0.3, 0.5, 0.6, 0.6], [0.6, 0.7, 0.1, 0.1]
+    rising = [0.3, 0.5, 0.6, 0.6]
     for seed, final in zip("012", (0.5, 0.6, 0.7)):
-        sw.run({"lr": "1e-4", "seed": seed}, rising, eval_sampled=final)
-    # flagged on its held-out evaluations during training, yet it ended above the median unflagged run
-    sw.run({"lr": "1e-4", "seed": "3"}, rising, evals=falling, eval_sampled=0.65)
+        sw.run({"lr": "1e-4", "seed": seed}, rising, eval_sampled=final, before=0.3)
+    # its evaluations during training never fell below 0.6 x their best, yet it ended at 0.1, a third of its start
+    sw.run({"lr": "1e-4", "seed": "3"}, rising, eval_sampled=0.1, before=0.3)
     for seed in "0123":
-        sw.run({"lr": "1e-3", "seed": seed}, [0.3, 0.5, 0.0, 0.0], eval_sampled=0.0)
+        sw.run({"lr": "1e-3", "seed": seed}, [0.3, 0.5, 0.0, 0.0], eval_sampled=0.0, before=0.3)
     page = tmp_path / "results.md"
     assert report.main([str(sw.dir), "--page", str(page)]) == 0
     text = " ".join(page.read_text().split())
-    assert "the rule flagged 5 of 8 finished runs" in text
-    assert "(the positive controls): `lr_range` 1e-3: 4/4." in text
-    assert "(suspect false positives): `lr_range` `lr=1e-4,seed=3` (held-out 0.650)." in text
-    # ended at least as well as the median unflagged run (0.6): seeds 1, 2 and the flagged seed 3
-    low, high = beta.ppf(0.05, 1, 3), beta.ppf(0.95, 2, 2)
-    assert (f"of the 3 runs that ended at least as well as their condition's median unflagged run, the rule "
-            f"flagged 1, 0.333 [{low:.3f}, {high:.3f}] (exact 90% interval)") in text
+    high = beta.ppf(0.95, 2, 4)  # 1 of 5: [beta.ppf(0.05, 1, 5), beta.ppf(0.95, 2, 4)]
+    assert (f"it calls 5 runs collapsed, and the rule missed 1 of them, 0.200 [{beta.ppf(0.05, 1, 5):.3f}, {high:.3f}] "
+            "(exact 90% interval): `lr_range` `lr=1e-4,seed=3` (final 0.100, warm start 0.300)") in text
+    assert "Of the 3 runs that ended at or above their warm start the rule flagged 0" in text
+    assert "The rule fired in at least half the runs of 1 conditions (the positive controls): `lr_range` 1e-3: 4/4." \
+        in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vespo.lab import report, sweep
+from vespo.lab import plan, provenance, report, sweep
 from vespo.lab.grid import SweepError, load_sweep
 
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "lab" / "quick.yaml"
@@ -65,7 +65,7 @@ def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     out, argv = quick_sweep
     spec = load_sweep(QUICK)
     spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
-    assert {j.action for j in sweep.plan(spec, out)} == {"skip"}
+    assert {j.action for j in plan.plan(spec, out)} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
     assert sweep.main(argv) == 0
     assert "4 skip" in capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     out, _ = quick_sweep
     assert report.main([str(out), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "| grpo | 1 | 1 |" in md and "Paired differences against loss = vespo" in md
+    assert re.search(r"\| grpo +\| 1 +\| 1 +\|", md) and "Paired differences against loss = vespo" in md
     assert (tmp_path / "rep" / "headline.png").read_bytes()[:4] == b"\x89PNG"
     # the archive beside the report holds every metric the report reads of these real runs
     assert report.main([str(tmp_path / "rep" / "runs.json.gz"), "--out", str(tmp_path / "again")]) == 0
@@ -88,8 +88,8 @@ def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     page = tmp_path / "docs" / "results.md"
     assert report.main([str(out), "--claims", str(claims), "--page", str(page)]) == 0
     text = page.read_text()
-    assert "| 1 | VESPO above GRPO at N = 4 | quick | eval_sampled difference vs loss=grpo: " in text
-    assert "(one seed: no interval)" in text and "Single runs are not results" in text
+    assert re.search(r"\| 1 +\| VESPO above GRPO at N = 4 +\| quick +\| eval_sampled difference: vs loss=grpo: ", text)
+    assert "(one seed)" in text and "Single runs are not results" in text
     assert "vespo sweep " in text and "4 / 4" in text
     links = [x for x in re.findall(r"\]\(([^)]+\.(?:png|md))\)", text) if x != "lab.md"]  # lab.md: docs/ only
     assert "results/quick/headline.png" in links
@@ -104,7 +104,7 @@ def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
     other = tmp_path / "quick.yaml"
     other.write_text(yaml.safe_dump(changed))
     with pytest.raises(SweepError, match="base.yaml differs"):
-        sweep.plan(load_sweep(other), out)
+        plan.plan(load_sweep(other), out)
 
 
 def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path, capsys):
@@ -138,8 +138,8 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     assert sweep.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
     lab = json.loads((out / "seed=0" / "lab.json").read_text())
     assert lab["status"] == "failed" and lab["returncode"] != 0
-    assert [j.action for j in sweep.plan(load_sweep(path), out)] == ["failed"]
-    assert [j.action for j in sweep.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
+    assert [j.action for j in plan.plan(load_sweep(path), out)] == ["failed"]
+    assert [j.action for j in plan.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
     (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert s["failed"] == 1
 
@@ -153,9 +153,11 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
     import sys
     import time
 
+    import pandas as pd
+
     from vespo.lab.page import wall_text
 
-    code = ("import sys, time; from pathlib import Path; from vespo.lab.sweep import session\n"
+    code = ("import sys, time; from pathlib import Path; from vespo.lab.provenance import session\n"
             "with session(Path(sys.argv[1]), 'vespo sweep killed', 1, beat_s=0.05):\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
     path = tmp_path / "sessions.jsonl"
@@ -164,13 +166,13 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    with sweep.session(tmp_path, "vespo sweep resumed", 1):
+    with provenance.session(tmp_path, "vespo sweep resumed", 1):
         pass
     killed, resumed = [json.loads(line) for line in path.read_text().splitlines()]
     assert killed["command"] == "vespo sweep killed" and killed["end"] is None and killed["interrupted"] is None
     assert killed["seconds"] > 0 and killed["start"] <= killed["last_seen"]
     assert resumed["command"] == "vespo sweep resumed" and resumed["end"] and resumed["interrupted"] is False
-    assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], [])
+    assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], pd.DataFrame({"record": []}))
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
@@ -188,7 +190,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     def planned():
         loaded = load_sweep(path)
         loaded.overrides += argv[5:]
-        return sweep.plan(loaded, out)
+        return plan.plan(loaded, out)
 
     (job,) = planned()
     assert job.action == "start"

@@ -239,6 +239,14 @@ class Collapses(Claim):
     select: Where
     control: dict | None = None  # {sweep, where}: runs where the rule fires
 
+    def model_post_init(self, _: Any) -> None:
+        super().model_post_init(_)
+        if self.control is not None and (set(self.control) != {"sweep", "where"} or not isinstance(self.control["where"], dict)):
+            raise ValueError("control must be {sweep: NAME, where: {axis: value}}")
+        if self.kind == "none" and self.control is None:
+            raise ValueError("a 'none' collapse claim needs a control: {sweep, where} selecting runs where the rule "
+                             "fires (otherwise 'no collapse' says nothing about the loss)")
+
     def sides(self) -> list[Where]:
         return [self.select]
 

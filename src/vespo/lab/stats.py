@@ -98,8 +98,8 @@ def p_value(values: Sequence[float], line: float) -> float:
     x = np.asarray(values, dtype=np.float64)  # [n]
     if x.size < MIN_SEEDS:
         return 1.0
-    if np.ptp(x) == 0:
-        return 0.0 if abs(x[0] - line) > 1e-12 else 1.0
+    if np.ptp(x) <= 1e-12:  # the same value on every seed (up to float rounding): a zero-width interval
+        return 0.0 if abs(x.mean() - line) > 1e-12 else 1.0
     return float(sps.ttest_1samp(x, line).pvalue)
 
 
