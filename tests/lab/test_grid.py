@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from vespo.lab.collapse import RULE
-from vespo.lab.grid import Sweep, SweepError, budget_table, load_sweep
+from vespo.lab.grid import Sweep, SweepError, load_sweep
 
 
 def _write(tmp_path, data, name="s.yaml"):
@@ -182,6 +182,23 @@ def test_reference_and_cost(tmp_path):
 def test_bad_reference_or_cost_is_named(tmp_path, data, match):
     with pytest.raises(SweepError, match=match):
         load_sweep(_write(tmp_path, data))
+
+
+def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> tuple[str, float]:
+    """(markdown table, minutes of the budgeted sweeps): per sweep file its command, runs, assumed cost per
+    run and expected wall time, from the files' `cost`; optional sweeps are left out of the total."""
+    rows, total = [], 0.0
+    for path in paths:
+        sweep = load_sweep(path)
+        c, runs = sweep.cost, len(sweep.points())
+        minutes = c.wall_s(runs) / 60
+        total += 0.0 if c.optional else minutes
+        rows.append(f"| `{sweep.name}`{' (optional)' if c.optional else ''} | `vespo sweep "
+                    f"{path.relative_to(repo).as_posix()} --out {out_root}/{sweep.name} --jobs {c.jobs}` | {runs} | "
+                    f"{c.run_s:g} s, {c.jobs} at a time | {minutes:.0f} min |")
+    head = ["| sweep | command | runs | assumed per run | expected wall |", "| --- | --- | --- | --- | --- |"]
+    tail = f"| total, without the optional sweeps | | | | {total:.0f} min = {total / 60:.1f} h |"
+    return "\n".join(head + rows + [tail]), total
 
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",

@@ -24,7 +24,7 @@ def test_train_last_is_the_last_quarter_of_the_updates_at_every_n(synthetic):
     _, runs = read_lab([sw.dir])
     n1, n4 = runs.itertuples()
     assert n1.train_last == (12 + 13 + 14 + 15) / 4 and n4.train_last == 0.7
-    assert n4.record.quarter_mean("reward/mean", 2) == 0.3
+    assert n4.record.quarter("reward/mean", 2) == 0.3
     # the evaluations (one after each row): the last quarter = those after 13..16 updates (rows 13..16) at N = 1,
     # the one after 16 at N = 4
     assert n1.eval_last == (12 + 13 + 14 + 15) / 4 and n4.eval_last == 0.7

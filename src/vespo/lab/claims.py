@@ -1,22 +1,10 @@
-"""The paper's claims, each a typed judge of the table of runs (vespo.lab.runs): ``claim.judge(runs)``.
+"""The paper's claims, each a typed judge of the table of runs: ``claim.judge(runs) -> Verdict``.
 
-A claims file (configs/lab/claims.yaml) lists claims; each names a sweep, one kind of evidence and
-what the paper expects of it (`metric` defaults to eval_sampled; any of vespo.lab.runs.METRICS):
-
-    compare:   {a: {kernel: asymmetric}, b: [{kernel: symmetric}]}     paired a - b over seeds, per b
-    across:    {a: {loss: vespo}, b: [{loss: grpo}], over: N, at: ["8", "64"]}    the same at each N;
-               with expect increasing | decreasing: each step of N (a - b, or a, at N minus at the previous N)
-    level:     [{loss: vespo, N: "64"}]         a condition's own value over seeds (e.g. metric: eval_rise)
-    collapses: {loss: sapo, N: "64"}            collapsed runs (vespo.lab.collapse); a "none" claim names a
-               control: {sweep, where}, runs where the rule fires
-    stabler:   {a: {loss: vespo}, b: [{loss: grpo}], over: lr}    collapses paired by seed and `over` value
-    expect:    greater | less | {within: m} | {at_least: m} | report (measured, no verdict) |
-               increasing | decreasing (across) | most | some | none (collapses) | greater (stabler)
-
-A comparison's test is a t-test of the paired differences against the claim's line (0, or the margin;
-the 90% interval shown excludes the line <=> p < 0.10), a stabler one McNemar's exact test; the page's
-tests are one family under Holm (`decide`). Each verdict is also judged on held-out greedy accuracy and
-on the mean of the last quarter's evaluations (READINGS); where they differ it depends on the metric.
+configs/lab/claims.yaml lists them; each names a sweep, one kind of evidence (KINDS; docs/lab.md) and
+what the paper expects. A comparison is a t-test of paired differences against the claim's line (0, or
+its margin: p < 0.10 <=> the 90% interval shown excludes the line); a "stabler" one is McNemar's exact
+test. `decide` corrects every test of the page together (Holm) and reads each verdict on three metrics
+(READINGS): where they differ, it depends on the metric.
 """
 
 from __future__ import annotations
@@ -30,16 +18,18 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from vespo.lab.grid import SEED_AXIS, Sweep, one_line, read_yaml
+from vespo.config import load_yaml
+from vespo.lab.grid import SEED_AXIS, Sweep, one_line
 from vespo.lab.runs import METRICS, by_seed, select
-from vespo.lab.stats import (FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci, p_value,
-                              paired, rate_ci)
+from vespo.lab.stats import (FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci,
+                             p_value, paired, rate_ci)
 
 AGREES, DISAGREES, UNRESOLVED, PARTLY, NOT_RUN, NO_VERDICT, TOO_FEW, DEPENDS = (
     "agrees", "disagrees", "not resolved", "partly", "not run", "—", "too few seeds", "depends on the metric")
 ROBUST, SUPPORTED, UNCLEAR = "robust", "supported", "unclear"
 ROBUST_SHARE, ROBUST_SEEDS = 0.9, 5  # robust: at least this share of at least this many seeds on its side
 READINGS = {"eval_sampled": "held-out sampled", "eval_greedy": "greedy", "eval_last": "last-quarter mean"}
+SETTLED_BAND = 0.02  # curves have settled where the last quarter's rise lies within +-this (about one evaluation's SD)
 Where = dict[str, Any]
 
 
@@ -47,8 +37,8 @@ class ClaimsError(ValueError):
     """A claims file is malformed, or a claim selects cells its sweep does not have."""
 
 
-def _text(where: Where) -> str:
-    return ", ".join(f"{k}={v}" for k, v in where.items())
+def _text(where: Where, a: Where | None = None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in where.items() if a is None or str(a.get(k)) != str(v))
 
 
 @dataclass
@@ -59,18 +49,16 @@ class Test:
     text: str  # "+0.060 [+0.036, +0.083], 10 seeds, higher in 10"
     p: float  # raw, two-sided
     side: int  # +1: the claim's side of its line, -1: the other
-    n: int  # seeds (or discordant pairs)
-    share: float  # share of them on ``side``
+    n: int  # seeds (or paired runs)
+    share: float  # share of seeds (or discordant pairs) on ``side``
     adjusted: float = math.nan  # Holm, over the page's family
     verdict: bool = True  # False for "report": measured, no verdict
     ci: Interval | None = None  # the mean difference with its interval (t-tests)
 
     @property
     def outcome(self) -> str:
-        if self.n == 0:
-            return NOT_RUN
         if self.n < MIN_SEEDS:
-            return TOO_FEW
+            return TOO_FEW if self.n else NOT_RUN
         if not self.verdict:
             return NO_VERDICT
         return (AGREES if self.side > 0 else DISAGREES) if self.adjusted < FAMILY_ERROR else UNRESOLVED
@@ -80,16 +68,13 @@ def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan, cou
     """The t-test of a comparison against its claim's line: 0 (greater, less, report), the margin
     (at_least), or both -m and +m (within: inside both, or outside the nearer one)."""
     x, ci = d.values.to_numpy(dtype=float), d.diff
-    text = "no common seeds" if not ci.n else ci_text(ci, signed=True) + ("" if ci.resolved else " (one seed)") + \
-        f", {ci.n} seeds, {count} {d.wins}"
+    text = "no common seeds" if not ci.n else \
+        f"{ci_text(ci, signed=True)}{'' if ci.resolved else ' (one seed)'}, {ci.n} seeds, {count} {d.wins}"
     if expect == "within":
-        inside = abs(ci.mean) < margin
+        inside, on = abs(ci.mean) < margin, np.abs(x) < margin
         p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
-        on = np.abs(x) < margin
-        return Test(name, text, p, 1 if inside else -1, ci.n, float(np.mean(on if inside else ~on)) if ci.n else 0.0,
-                    ci=ci)
-    line = margin if expect == "at_least" else 0.0
-    sign = -1 if expect in ("less", "decreasing") else 1
+        return Test(name, text, p, 1 if inside else -1, ci.n, float(np.mean(on if inside else ~on)) if ci.n else 0, ci=ci)
+    line, sign = (margin if expect == "at_least" else 0.0), (-1 if expect in ("less", "decreasing") else 1)
     side = sign * (1 if ci.mean > line else -1)
     share = float(np.mean(np.sign(x - line) == side * sign)) if ci.n else 0.0
     return Test(name, text, p_value(x, line), side, ci.n, share, verdict=expect != "report", ci=ci)
@@ -121,22 +106,22 @@ class Claim(BaseModel):
         return v
 
     def model_post_init(self, _: Any) -> None:
-        name = self.expect if isinstance(self.expect, str) else next(iter(self.expect), "")
-        if name not in self.EXPECT or isinstance(self.expect, dict) != (name in ("within", "at_least")) or (
-                isinstance(self.expect, dict) and (len(self.expect) != 1 or (name == "within" and self.margin <= 0))):
+        margin = isinstance(self.expect, dict)
+        if self.kind not in self.EXPECT or margin != (self.kind in ("within", "at_least")) or (
+                margin and (len(self.expect) != 1 or (self.kind == "within" and self.margin <= 0))):
             raise ValueError(f"expect {self.expect!r} is not valid for {type(self).__name__.lower()}; choose one of "
                              + ", ".join(f"{{{e}: margin > 0}}" if e in ("within", "at_least") else e for e in self.EXPECT))
 
     @property
     def kind(self) -> str:
-        return self.expect if isinstance(self.expect, str) else next(iter(self.expect))
+        return self.expect if isinstance(self.expect, str) else next(iter(self.expect), "")
 
     @property
     def margin(self) -> float:
         return math.nan if isinstance(self.expect, str) else float(next(iter(self.expect.values())))
 
     def sides(self) -> list[Where]:
-        return []
+        return [self.a, *self.b]
 
     def readings(self) -> list[str]:
         return [self.metric, *(m for m in READINGS if m != self.metric)] if self.metric in READINGS else [self.metric]
@@ -152,14 +137,13 @@ class Claim(BaseModel):
 
 
 class Compare(Claim):
+    """a - b over seeds, for each b."""
+
     a: Where
     b: list[Where]
 
-    def sides(self) -> list[Where]:
-        return [self.a, *self.b]
-
     def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
-        return [(f"vs {_text({k: v for k, v in b.items() if str(self.a.get(k)) != str(v)})}", self.a, b) for b in self.b]
+        return [(f"vs {_text(b, self.a)}", self.a, b) for b in self.b]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
         return [paired_test(name, paired(by_seed(select(runs, a), metric), by_seed(select(runs, b), metric)),
@@ -167,6 +151,8 @@ class Compare(Claim):
 
 
 class Across(Compare):
+    """a - b at each value of `over` (or those in `at`); increasing | decreasing: each step of `over`."""
+
     EXPECT: ClassVar[tuple[str, ...]] = Claim.EXPECT + ("increasing", "decreasing")
     b: list[Where] = []
     over: str
@@ -177,12 +163,8 @@ class Across(Compare):
         return sorted(present, key=float) if self.kind in ("increasing", "decreasing") else present
 
     def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
-        out = []
-        for b in self.b:
-            name = _text({k: x for k, x in b.items() if str(self.a.get(k)) != str(x)})
-            out += [(f"{self.over}={v}" + (f" vs {name}" if name else ""), {self.over: v, **self.a}, {self.over: v, **b})
-                    for v in self.values(runs) if {self.over: v, **self.a} != {self.over: v, **b}]
-        return out
+        return [(f"{self.over}={v}" + (f" vs {_text(b, self.a)}" if _text(b, self.a) else ""), {self.over: v, **self.a},
+                 {self.over: v, **b}) for b in self.b for v in self.values(runs) if {self.over: v, **self.a} != {self.over: v, **b}]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
         if self.kind not in ("increasing", "decreasing"):
@@ -191,12 +173,13 @@ class Across(Compare):
         for v in self.values(runs):
             y = by_seed(select(runs, {self.over: v, **self.a}), metric)
             series[v] = paired(y, by_seed(select(runs, {self.over: v, **self.b[0]}), metric)).values if self.b else y
-        steps = list(zip(series, list(series)[1:]))
         return [paired_test(f"{self.over}={hi} minus {self.over}={lo}", paired(series[hi], series[lo]), self.kind)
-                for lo, hi in steps]
+                for lo, hi in zip(series, list(series)[1:])]
 
 
 class Level(Claim):
+    """A condition's own value over seeds (e.g. eval_rise)."""
+
     select: list[Where]
 
     def sides(self) -> list[Where]:
@@ -208,33 +191,31 @@ class Level(Claim):
 
 
 class Stabler(Claim):
+    """a collapses less than each b, runs paired by seed and `over` value (McNemar's exact test)."""
+
     EXPECT: ClassVar[tuple[str, ...]] = ("greater",)
     a: Where
     b: list[Where]
     over: str = "lr"
 
-    def sides(self) -> list[Where]:
-        return [self.a, *self.b]
-
     def readings(self) -> list[str]:
         return ["collapsed"]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
-        key = [SEED_AXIS, self.over]
-        a = select(runs[runs.usable], self.a).set_index(key)["collapsed"]
-        out = []
+        usable, out = runs[runs.usable], []
+        a = select(usable, self.a).set_index([SEED_AXIS, self.over])["collapsed"]
         for b in self.b:
-            both = pd.concat([a, select(runs[runs.usable], b).set_index(key)["collapsed"]], axis=1, join="inner")
+            both = pd.concat([a, select(usable, b).set_index([SEED_AXIS, self.over])["collapsed"]], axis=1, join="inner")
             only_a, only_b = int((both.iloc[:, 0] & ~both.iloc[:, 1]).sum()), int((~both.iloc[:, 0] & both.iloc[:, 1]).sum())
-            name = _text({k: v for k, v in b.items() if str(self.a.get(k)) != str(v)})
-            text = (f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not "
-                    f"{only_a} vs {only_b}")
-            out.append(Test(f"vs {name}", text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1, len(both),
-                            max(only_a, only_b) / max(1, only_a + only_b)))
+            text = f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs {only_b}"
+            out.append(Test(f"vs {_text(b, self.a)}", text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1,
+                            len(both), max(only_a, only_b) / max(1, only_a + only_b)))
         return out
 
 
 class Collapses(Claim):
+    """Collapsed runs: most (at least half), some (at least one), none (beside a control where the rule fires)."""
+
     EXPECT: ClassVar[tuple[str, ...]] = ("most", "some", "none")
     select: Where
     control: dict | None = None  # {sweep, where}: runs where the rule fires
@@ -253,40 +234,30 @@ class Collapses(Claim):
     def judge(self, runs: pd.DataFrame) -> Verdict:
         mine = select(runs[(runs.sweep == self.sweep) & runs.usable], self.select)
         if mine.empty:
-            return Verdict(self, text="no finished runs" if (runs.sweep == self.sweep).any() else
-                           f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
+            return Verdict(self, text=f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
         dead, text = int(mine.collapsed.sum()), collapse_text(mine)
-        if self.kind == "none":
-            verdict = AGREES if dead == 0 else DISAGREES
-        elif self.kind == "some":  # none collapsing does not show "can collapse", nor refute it
-            verdict = AGREES if dead else UNRESOLVED
-        elif dead == 0 and rate_ci(0, len(mine)).high >= 0.5:  # too few runs to rule out "most"
-            verdict = TOO_FEW
-        else:
-            verdict = AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY
-        if self.control is not None:
-            control = select(runs[(runs.sweep == self.control["sweep"]) & runs.usable], self.control["where"])
-            name = f"{self.control['sweep']} {_text(self.control['where'])}"
-            if control.empty:
-                return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire",
-                               verdict=UNRESOLVED)
-            text += f"; control ({name}): {collapse_text(control)}"
-            if not control.collapsed.any() and verdict == AGREES:
-                return Verdict(self, text=text + ": the rule fired in no control run, so 'no collapse' says nothing",
-                               verdict=UNRESOLVED)
+        verdict = {"none": AGREES if dead == 0 else DISAGREES, "some": AGREES if dead else UNRESOLVED}.get(self.kind) or (
+            TOO_FEW if dead == 0 and rate_ci(0, len(mine)).high >= 0.5 else  # too few runs to rule out "most"
+            AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
+        if self.control is None:
+            return Verdict(self, text=text, verdict=verdict)
+        control = select(runs[(runs.sweep == self.control["sweep"]) & runs.usable], self.control["where"])
+        name = f"{self.control['sweep']} {_text(self.control['where'])}"
+        if control.empty:
+            return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire", verdict=UNRESOLVED)
+        text += f"; control ({name}): {collapse_text(control)}"
+        if not control.collapsed.any() and verdict == AGREES:
+            return Verdict(self, text=text + ": the rule fired in no control run, so 'no collapse' says nothing",
+                           verdict=UNRESOLVED)
         return Verdict(self, text=text, verdict=verdict)
 
 
 def collapse_text(runs: pd.DataFrame) -> str:
     """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
-    reasons = runs[runs.collapsed].reason.value_counts().sort_index()
-    rate = rate_ci(int(runs.collapsed.sum()), len(runs))
-    return (f"{int(runs.collapsed.sum())}/{len(runs)} runs collapsed"
-            + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if len(reasons) else "")
-            + f", rate {rate.mean:.2f} [{rate.low:.2f}, {rate.high:.2f}]")
-
-
-SETTLED_BAND = 0.02  # curves have settled where the last quarter's rise lies within +-this (about one evaluation's SD)
+    reasons, rate = runs[runs.collapsed].reason.value_counts().sort_index(), rate_ci(int(runs.collapsed.sum()), len(runs))
+    return (f"{int(runs.collapsed.sum())}/{len(runs)} runs collapsed" + (" (" + ", ".join(
+        f"{k} {v}" for k, v in reasons.items()) + ")" if len(reasons) else "") + f", rate {rate.mean:.2f} [{rate.low:.2f}, "
+        f"{rate.high:.2f}]")
 
 
 def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
@@ -316,12 +287,10 @@ class Claims:
 
 def load_claims(path: str | Path) -> Claims:
     path = Path(path)
-    data = read_yaml(path, ClaimsError) or {}
-    if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
-        raise ClaimsError(f"{path}: expected a mapping with a 'claims' list")
-    unknown = set(data) - {"claims", "headline", "recommend", "read_together"}
-    if unknown:
-        raise ClaimsError(f"{path}: unknown key(s) {sorted(unknown)}; valid: claims, headline, recommend, read_together")
+    data = load_yaml(path, "claims", ClaimsError)
+    if not isinstance(data.get("claims"), list) or set(data) - {"claims", "headline", "recommend", "read_together"}:
+        raise ClaimsError(f"{path}: expected a mapping with a 'claims' list and optionally headline, recommend, "
+                          f"read_together; got keys {sorted(data)}")
     claims = [parse_claim(c, f"{path.name}, claim {i + 1}") for i, c in enumerate(data["claims"])]
     together = data.get("read_together") or []
     if not all(isinstance(t, list) and all(isinstance(i, int) and 1 <= i <= len(claims) for i in t) for t in together):
@@ -330,40 +299,36 @@ def load_claims(path: str | Path) -> Claims:
 
 
 def parse_claim(entry: Any, where: str) -> Claim:
-    if not isinstance(entry, dict):
-        raise ClaimsError(f"{where}: must be a mapping, got {entry!r}")
-    kinds = [k for k in KINDS if k in entry]
+    kinds = [k for k in KINDS if k in entry] if isinstance(entry, dict) else []
     if len(kinds) != 1:
-        raise ClaimsError(f"{where}: give exactly one of {', '.join(KINDS)}, got {kinds or 'none'}")
-    body = entry[kinds[0]]
-    if kinds[0] in ("compare", "across", "stabler"):
+        raise ClaimsError(f"{where}: give exactly one of {', '.join(KINDS)}, got {kinds or entry!r}")
+    kind, body = kinds[0], entry[kinds[0]]
+    if kind in ("compare", "across", "stabler"):
         if not isinstance(body, dict):
-            raise ClaimsError(f"{where}: {kinds[0]} must be a mapping {{a: ..., b: ...}}")
+            raise ClaimsError(f"{where}: {kind} must be a mapping {{a: ..., b: ...}}")
         body = {**body, **({"b": body["b"] if isinstance(body["b"], list) else [body["b"]]} if "b" in body else {})}
     else:
-        body = {"select": body if kinds[0] == "collapses" or isinstance(body, list) else [body]}
+        body = {"select": body if kind == "collapses" or isinstance(body, list) else [body]}
     try:
-        return KINDS[kinds[0]].model_validate({**{k: v for k, v in entry.items() if k != kinds[0]}, **body,
-                                               "where": where})
+        return KINDS[kind].model_validate({**{k: v for k, v in entry.items() if k != kind}, **body, "where": where})
     except ValidationError as e:
-        raise ClaimsError(f"{where}: {kinds[0]}: {one_line(e)}") from None
+        raise ClaimsError(f"{where}: {kind}: {one_line(e)}") from None
 
 
 def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) -> None:
-    """Check every claim against its sweep's grid before anything is judged: the sweep exists (unless
-    not ``strict``: then a claim of a sweep not given is left to say "not run"), the selections use its
-    axes and values, a comparison names one condition (every axis but the seed and `over` fixed)."""
+    """Check every claim against its sweep's grid: the sweep exists (unless not ``strict``: then a claim of a
+    sweep not given says "not run"), the selections use its axes and values, a comparison names one condition."""
     if strict and claims.headline is not None and claims.headline not in sweeps:
         raise ClaimsError(f"{claims.source}: headline sweep {claims.headline!r} is not one of {sorted(sweeps)}")
     for c in claims.claims:
         if c.sweep not in sweeps:
-            if not strict:
-                continue
-            raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(sweeps)}")
+            if strict:
+                raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(sweeps)}")
+            continue
         values, over = sweeps[c.sweep].values, getattr(c, "over", None)
         try:
             if over is not None and over not in values:
-                raise ValueError(f"{over!r} is not an axis of sweep {c.sweep!r}; axes: {list(values)}")
+                raise ValueError(f"{over!r} is not an axis; axes: {list(values)}")
             if isinstance(c, Across) and c.kind in ("increasing", "decreasing"):
                 [math.log2(float(v)) for v in values[over]]
             for side in c.sides():
@@ -381,18 +346,16 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
 
 def check_where(values: dict[str, list[str]], where: Where) -> None:
     for axis, v in where.items():
-        if axis not in values:
-            raise ValueError(f"no axis {axis!r}; axes: {list(values)}")
-        bad = [str(x) for x in (v if isinstance(v, list) else [v]) if str(x) not in values[axis]]
-        if bad:
-            raise ValueError(f"{axis}={bad} not in the grid's values {values[axis]}")
+        bad = [str(x) for x in (v if isinstance(v, list) else [v]) if str(x) not in values.get(axis, [])]
+        if axis not in values or bad:
+            raise ValueError(f"{axis}={bad} not in the grid's values {values[axis]}" if axis in values else
+                             f"no axis {axis!r}; axes: {list(values)}")
 
 
 # ---------------------------------------------------------------- the verdicts
 
 
 def evaluate(claims: Claims, sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Verdict]:
-    """Every claim judged, then decided together (`decide`)."""
     check_claims(claims, sweeps, strict=False)
     return decide([c.judge(runs) for c in claims.claims])
 
@@ -407,9 +370,7 @@ def decide(verdicts: list[Verdict]) -> list[Verdict]:
     for tests in families.values():
         for t, p in zip(tests, holm([t.p for t in tests])):
             t.adjusted = p
-    for v in verdicts:
-        if not v.readings:
-            continue
+    for v in (v for v in verdicts if v.readings):
         by = {m: combine([t.outcome for t in tests]) for m, tests in v.readings.items()}
         first = next(iter(by.values()))
         v.verdict = first if len(set(by.values())) == 1 or first == NO_VERDICT else DEPENDS
@@ -433,10 +394,8 @@ def robustness(v: Verdict) -> str:
     tests = next(iter(v.readings.values()))
     if v.verdict == NO_VERDICT or not tests:
         return ""
-    if any(t.outcome == TOO_FEW for t in tests):
-        return TOO_FEW
-    if v.verdict not in (AGREES, DISAGREES):
-        return UNCLEAR
+    if any(t.outcome == TOO_FEW for t in tests) or v.verdict not in (AGREES, DISAGREES):
+        return TOO_FEW if any(t.outcome == TOO_FEW for t in tests) else UNCLEAR
     deciding = [t for t in tests if t.outcome == v.verdict]
     return ROBUST if all(t.n >= ROBUST_SEEDS and t.share >= ROBUST_SHARE for t in deciding) else SUPPORTED
 
@@ -446,10 +405,9 @@ def measured(v: Verdict) -> str:
     if not v.readings:
         return v.text
     (metric, tests), *others = v.readings.items()
-    head = "collapses" if metric == "collapsed" else f"{metric} difference" if not isinstance(v.claim, Level) else metric
-    parts = [f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else "")
-             for t in tests]
-    text = f"{head}: " + "; ".join(parts)
+    head = "collapses" if metric == "collapsed" else metric if isinstance(v.claim, Level) else f"{metric} difference"
+    text = f"{head}: " + "; ".join(f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted)
+                                                          else "") for t in tests)
     if v.verdict == DEPENDS:
         by = {m: combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
         text += f"; {by[metric]} on {READINGS[metric]}, but " + "; ".join(
@@ -460,27 +418,23 @@ def measured(v: Verdict) -> str:
 
 def together_text(verdicts: list[Verdict], numbers: list[int], runs: pd.DataFrame) -> str:
     """Claims that make the same comparison at different budgets (optimizer steps), read side by side."""
-    vs = [verdicts[i - 1] for i in numbers]
-    budget = {v.claim.sweep: int(runs[runs.sweep == v.claim.sweep].updates.max()) for v in vs
-              if (runs.sweep == v.claim.sweep).any()}
-    tests = {(i, t.name): (v, t) for i, v in zip(numbers, vs) for t in next(iter(v.readings.values()), [])}
+    vs = {i: verdicts[i - 1] for i in numbers if (runs.sweep == verdicts[i - 1].claim.sweep).any()}
+    budget = {i: int(runs[runs.sweep == v.claim.sweep].updates.max()) for i, v in vs.items()}
     lines = []
-    for name in dict.fromkeys(n for _, n in tests):
-        seen = [(i, *tests[(i, name)]) for i in numbers if (i, name) in tests]
-        if len(seen) < 2 or any(v.claim.sweep not in budget for _, v, _ in seen):
+    for name in dict.fromkeys(t.name for v in vs.values() for t in next(iter(v.readings.values()), [])):
+        seen = sorted(((i, t) for i, v in vs.items() for t in next(iter(v.readings.values())) if t.name == name),
+                      key=lambda x: budget[x[0]])
+        if len(seen) < 2:
             continue
-        seen.sort(key=lambda x: budget[x[1].claim.sweep])
-        lines.append(f"{name}: " + "; ".join(f"after {budget[v.claim.sweep]} updates {t.text} (claim {i}: {v.verdict})"
-                                            for i, v, t in seen) + ".")
-        (_, v1, t1), (_, v2, t2) = seen[0], seen[-1]
+        lines.append(f"{name}: " + "; ".join(f"after {budget[i]} updates {t.text} (claim {i}: {vs[i].verdict})"
+                                            for i, t in seen) + ".")
+        (i1, t1), (i2, t2) = seen[0], seen[-1]
         if t1.ci and t2.ci and t1.ci.resolved and t2.ci.resolved:
             has0 = [ci.low <= 0 <= ci.high for ci in (t1.ci, t2.ci)]
             apart = t1.ci.high < t2.ci.low or t2.ci.high < t1.ci.low or has0[0] != has0[1]
-            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[v1.claim.sweep]} "
-                         f"updates and between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[v2.claim.sweep]}"
-                         + (": what the shorter runs measure does not hold for the longer ones." if apart else
-                            ": the two budgets agree within their intervals."))
-    if not lines:
-        return ""
-    return f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): " + \
-        " ".join(lines)
+            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[i1]} updates and "
+                         f"between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[i2]}" + (
+                             ": what the shorter runs measure does not hold for the longer ones." if apart else
+                             ": the two budgets agree within their intervals."))
+    return (f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): "
+            + " ".join(lines)) if lines else ""

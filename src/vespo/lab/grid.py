@@ -1,25 +1,17 @@
-"""Sweep files: a base config plus a grid of overrides, expanded into one run per grid point.
+"""Sweep files: a base config plus a grid of overrides, expanded into one run per grid point (docs/lab.md).
 
     name: staleness
-    description: "why the grid is what it is"   # printed above the sweep's tables (optional)
-    base: ../demo.yaml             # a config file (relative to this file) or an inline mapping
-    overrides: [task.name=reverse]  # applied to every run
-    reference: {loss: vespo}        # the condition every other is paired against, per seed (optional)
-    cost: {run_s: 65, jobs: 2, note: "why"}   # wall seconds of one run when `jobs` share the machine
-                                    # (optional: true = outside the lab's time budget)
-    grid:                           # the runs are the Cartesian product of the axes, in this order
-      loss.name: [grpo, gspo, sapo, vespo]       # a config field and its values
-      variant:                                   # or a named axis: label -> list of overrides
-        asym: [loss.options.k_pos=2.0, loss.options.lambda_pos=3.0]
-        sym: [loss.options.k_pos=2.0, loss.options.lambda_pos=2.0]
-      run.seed: [0, 1, 2]
-    exclude:                        # grid points left out: any point matching one entry (optional)
-      - {loss: [gspo, sapo], seed: ["5", "6", "7", "8", "9"]}
+    base: bases/reverse16.yaml      # a config file (relative to this file) or an inline mapping
+    overrides: [optim.lr=1e-4]      # applied to every run
+    reference: {loss: vespo}        # what every other condition is paired against (default: loss vespo)
+    cost: {run_s: 80, jobs: 2}      # the file's assumption of one run's wall time (optional)
+    grid:                           # the Cartesian product of the axes, in this order
+      run.seed: [0, 1, 2]           # a config field and its values (label: SHORT, else the field)
+      loss: {vespo: [loss.name=vespo], grpo: [loss.name=grpo]}    # a named axis: label -> overrides
+    exclude: [{loss: grpo, seed: ["2"]}]          # grid points left out
+    description: "why the grid is what it is"   # printed above the sweep's tables
 
-Each grid point gets labels (axis label -> value) and a directory name built from them, e.g.
-``loss=vespo,N=32,seed=0``. Axis labels: SHORT, else the dotted field, or a named axis's own name.
-``reference`` defaults to ``loss: vespo`` when the grid has it. A sweep directory's sweep.json is
-``Sweep.record()``, read back with ``Sweep.from_record`` (with the directory's sessions).
+A sweep directory's sweep.json is ``Sweep.record()``, read back by ``Sweep.from_record``.
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
 
+from vespo.config import load_yaml
 from vespo.errors import UserError
 
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
@@ -42,16 +35,6 @@ SEED_AXIS = "seed"
 
 class SweepError(UserError, ValueError):
     """A sweep file is malformed; the message names the file and the key."""
-
-
-def read_yaml(path: Path, error: type[Exception]) -> Any:
-    """A YAML file's data; a missing or unreadable file is ``error`` naming it."""
-    if not path.is_file():
-        raise error(f"file not found: {path}")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise error(f"{path}: not YAML: {e}") from None
 
 
 def one_line(e: ValidationError) -> str:
@@ -96,7 +79,7 @@ class _File(BaseModel):
 
 @dataclass
 class Axis:
-    label: str  # "loss", "N", "seed", "variant", ...
+    label: str  # "loss", "N", "seed", ...
     values: list[str]  # value labels, in the file's order
     overrides: list[list[str]] = field(default_factory=list)  # overrides of each value
 
@@ -122,7 +105,7 @@ class Sweep:
     cost: Cost | None = None
     exclude: list[dict[str, list[str]]] = field(default_factory=list)
     description: str = ""
-    sessions: list[dict] = field(default_factory=list)  # sessions.jsonl of its directory (vespo.lab.provenance)
+    sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.lab.provenance)
 
     @property
     def values(self) -> dict[str, list[str]]:
@@ -162,30 +145,18 @@ def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> boo
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file; a relative ``base`` path is taken from the sweep file's folder."""
     path = Path(path)
-    data = read_yaml(path, SweepError) or {}
-    if not isinstance(data, dict):
-        raise SweepError(f"{path}: the top level must be a mapping")
     try:
-        f = _File.model_validate(data)
+        f = _File.model_validate(load_yaml(path, "sweep", SweepError))
     except ValidationError as e:
         raise SweepError(f"{path}: {one_line(e)}") from None
+    if isinstance(f.base, str):
+        if not (path.parent / f.base).is_file():
+            raise SweepError(f"{path}: base config not found: {path.parent / f.base}")
+        f.base = load_yaml(path.parent / f.base, "base config", SweepError)
     axes = _axes(f.grid, path)
     values = {a.label: a.values for a in axes}
-    return Sweep(f.name or path.stem, axes, _base(f.base, path), f.overrides, str(path),
-                 _reference(f.reference, values, path), f.cost, _exclude(f.exclude, values, path),
-                 " ".join(f.description.split()))
-
-
-def _base(base: str | dict, path: Path) -> dict:
-    if isinstance(base, dict):
-        return base
-    file = path.parent / base
-    if not file.is_file():
-        raise SweepError(f"{path}: base config not found: {file}")
-    data = read_yaml(file, SweepError) or {}
-    if not isinstance(data, dict):
-        raise SweepError(f"{file}: the top level must be a mapping of sections")
-    return data
+    return Sweep(f.name or path.stem, axes, f.base, f.overrides, str(path), _reference(f.reference, values, path),
+                 f.cost, _exclude(f.exclude, values, path), " ".join(f.description.split()))
 
 
 def _axes(grid: dict, path: Path) -> list[Axis]:
@@ -195,16 +166,15 @@ def _axes(grid: dict, path: Path) -> list[Axis]:
     for key, spec in grid.items():
         if not spec or not isinstance(spec, (list, dict)):
             raise SweepError(f"{path}: grid.{key} must be a non-empty list of values or a mapping label -> overrides")
-        if isinstance(spec, dict):
-            for k, v in spec.items():
-                if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
-                    raise SweepError(f"{path}: grid.{key}.{k} must be a list of 'section.field=value' strings, got {v!r}")
-            axes.append(Axis(str(key), [str(k) for k in spec], list(spec.values())))
-        else:
+        if isinstance(spec, list):
             axes.append(Axis(SHORT.get(key, key), [_label(v) for v in spec], [[f"{key}={_label(v, True)}"] for v in spec]))
-    labels = [a.label for a in axes]
-    if len(set(labels)) != len(labels):
-        raise SweepError(f"{path}: two grid axes share a label: {labels}")
+            continue
+        for k, v in spec.items():
+            if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
+                raise SweepError(f"{path}: grid.{key}.{k} must be a list of 'section.field=value' strings, got {v!r}")
+        axes.append(Axis(str(key), [str(k) for k in spec], list(spec.values())))
+    if len({a.label for a in axes}) != len(axes):
+        raise SweepError(f"{path}: two grid axes share a label: {[a.label for a in axes]}")
     return axes
 
 
@@ -220,33 +190,13 @@ def _reference(ref: dict | None, values: dict[str, list[str]], path: Path) -> di
 
 
 def _exclude(exclude: list[dict], values: dict[str, list[str]], path: Path) -> list[dict[str, list[str]]]:
-    out = []
-    for i, entry in enumerate(exclude):
-        out.append({axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in entry.items()})
-        for axis, vs in out[-1].items():
+    out = [{axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in e.items()} for e in exclude]
+    for i, entry in enumerate(out):
+        for axis, vs in entry.items():
             if set(vs) - set(values.get(axis, [])):
                 raise SweepError(f"{path}: exclude[{i}]: {axis}={sorted(set(vs) - set(values.get(axis, [])))} is "
                                  f"not on the grid; axes: {values}")
     return out
-
-
-def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> tuple[str, float]:
-    """(markdown table, minutes of the budgeted sweeps): per sweep file its command, runs, assumed
-    cost per run and expected wall time, from the files' `cost`; optional sweeps are left out of the total."""
-    rows, total = [], 0.0
-    for path in paths:
-        sweep = load_sweep(path)
-        if sweep.cost is None:
-            continue
-        c, runs = sweep.cost, len(sweep.points())
-        minutes = c.wall_s(runs) / 60
-        total += 0.0 if c.optional else minutes
-        rows.append(f"| `{sweep.name}`{' (optional)' if c.optional else ''} | `vespo sweep {path.relative_to(repo).as_posix()} --out "
-                    f"{out_root}/{sweep.name} --jobs {c.jobs}` | {runs} | {c.run_s:g} s, {c.jobs} at a time | "
-                    f"{minutes:.0f} min |")
-    head = ["| sweep | command | runs | assumed per run | expected wall |", "| --- | --- | --- | --- | --- |"]
-    tail = f"| total, without the optional sweeps | | | | {total:.0f} min = {total / 60:.1f} h |"
-    return "\n".join(head + rows + [tail]), total
 
 
 def _label(value: Any, override: bool = False) -> str:

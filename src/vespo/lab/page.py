@@ -1,13 +1,10 @@
-"""The results page: the paper's claims against the lab's sweeps, regenerated from run directories or archives.
+"""The results page, regenerated from run directories or archives (`vespo report ... --page docs/results.md`).
 
-    vespo report docs/results/staleness ... --claims configs/lab/claims.yaml --page docs/results.md
-
-writes every sweep's report, figures and archive into results/<sweep name>/ beside the page (removing
-files there it no longer makes, and results/in_progress/<sweep name>/, which the page supersedes),
-and the page: the recommendation (vespo.lab.recommend), how numbers are judged (the interval's
-coverage, the error control, the evaluation noise, the collapse rule's simulated and measured error
-rates), the claims table (vespo.lab.claims), the headline figure, and per sweep its commands, the
-commit of the code that ran it, its wall time (sessions.jsonl) and the tables of its report.
+Every sweep's report, figures and archive go to results/<sweep>/ beside the page (files there it no
+longer makes are removed, and results/in_progress/<sweep>/, which the page supersedes); the page gets
+the recommendation, how numbers are judged (coverage, error control, evaluation noise, the collapse
+rule's simulated and measured errors), the claims, the headline figure and each sweep's provenance
+and tables.
 """
 
 from __future__ import annotations
@@ -26,27 +23,31 @@ from vespo.lab import collapse, simulate, stats
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.runs import ARCHIVE, read_lab, write_archive
-from vespo.lab.tables import conditions, markdown, sweep_markdown, sweep_tables
+from vespo.lab.runs import ARCHIVE, by_seed, read_lab, write_archive
+from vespo.lab.stats import ci_text, rate_ci
+from vespo.lab.tables import conditions, markdown, reference_pairs, sweep_markdown, sweep_tables
 
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
-
-FINAL_NOTE = (
+NOTES = [
+    "**Single runs are not results.** The same run gives different numbers on different machines: float rounding "
+    "(another CPU, thread count or library build sums in another order) changes the last bits of a log-prob, and "
+    "under stale updates such differences grow chaotically, so one seed can collapse on one machine and finish well "
+    "on another. Every claim below therefore rests on the distribution over seeds: the mean with a "
+    f"{stats.CONFIDENCE:.0%} interval, differences paired by seed (one seed = the same warm-started weights and the "
+    "same prompt order in every condition), and collapse counts. \"Not resolved\" means the seeds do not settle the "
+    "question, not that the effect is absent.", "",
     "**Final** means the same at every N: *held-out sampled* is the accuracy on the task's held-out problems "
-    "(task.eval_size of them, one sample each at the training temperature) after the run's last update, and "
-    "every run of a sweep takes the same number of optimizer steps; *held-out greedy* the same with greedy "
-    "decoding; *last-quarter mean* the mean of the held-out evaluations made during the last quarter of the "
-    "updates; *train* is the training reward over the last quarter of the optimizer steps, the same number of "
-    "samples at every N. Beside it, *updates / seconds to* a training reward say how fast a run got there. "
-    "Claims use held-out sampled unless the row says otherwise.")
-MACHINE_NOTE = (
-    "**Single runs are not results.** The same run gives different numbers on different machines: float "
-    "rounding (another CPU, thread count or library build sums in another order) changes the last bits of a "
-    "log-prob, and under stale updates such differences grow chaotically, so one seed can collapse on one "
-    "machine and finish well on another. Every claim below therefore rests on the distribution over seeds: "
-    f"the mean with a {stats.CONFIDENCE:.0%} interval, differences paired by seed (one seed = the same "
-    "warm-started weights and the same prompt order in every condition), and collapse counts. \"Not resolved\" "
-    "means the seeds do not settle the question, not that the effect is absent.")
+    "(task.eval_size of them, one sample each at the training temperature) after the run's last update, and every "
+    "run of a sweep takes the same number of optimizer steps; *held-out greedy* the same with greedy decoding; "
+    "*last-quarter mean* the mean of the held-out evaluations made during the last quarter of the updates; *train* "
+    "is the training reward over the last quarter of the optimizer steps, the same number of samples at every N. "
+    "Beside it, *updates / seconds to* a training reward say how fast a run got there. Claims use held-out sampled "
+    "unless the row says otherwise.", ""]
+HEADLINE = (
+    "Left, top: held-out accuracy after training against N, per loss: seed mean with its band, collapsed runs as x. "
+    "Left, bottom: each loss minus the reference loss at each N, paired by seed, with its interval (the comparison the "
+    "claims rest on: levels whose bands overlap can still differ clearly seed by seed). Right: the training reward per "
+    "N against optimizer steps (the same steps and samples at every N), seed mean with its min-max band.")
 
 
 def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str) -> Path:
@@ -57,33 +58,27 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
         shutil.rmtree(root / IN_PROGRESS / name, ignore_errors=True)
     claims = cl.load_claims(claims_path) if claims_path else None
     verdicts = cl.evaluate(claims, sweeps, runs) if claims else []
-    picks = recommend(claims.recommend, sweeps, runs) if claims else []
-    page.parent.mkdir(parents=True, exist_ok=True)
     rel = lambda path: os.path.relpath(path, page.parent)  # noqa: E731
     lines = ["# Results: the paper's claims at small scale", "",
              f"Generated by `{command}` from the sweeps below; edit the sweep files or the claims file and regenerate "
              "rather than editing this page. How the lab works: [lab.md](lab.md).", ""]
     if claims is not None:
-        lines += ["## Recommendation", "", recommendation_markdown(picks), ""]
-    lines += [MACHINE_NOTE, "", FINAL_NOTE, "", "## How the numbers are judged", "", *statistics_section(verdicts),
-              *noise_section(sweeps, runs), *collapse_section(sweeps, runs)]
+        lines += ["## Recommendation", "", recommendation_markdown(recommend(claims.recommend, sweeps, runs)), ""]
+    lines += [*NOTES, "## How the numbers are judged", "", *statistics_section(verdicts), *noise_section(sweeps, runs),
+              *collapse_section(sweeps, runs)]
     if claims is not None:
-        lines += ["## The paper's claims", "", claims_table(verdicts), "", rules_text(), ""]
+        lines += ["## The paper's claims", "", claims_table(verdicts), "", RULES, ""]
         lines += [t + "\n" for t in (cl.together_text(verdicts, n, runs) for n in claims.together) if t]
     headline = (claims.headline if claims else None) or next((n for n, fs in figures.items()
                                                               if any(f.stem == "headline" for f in fs)), None)
     fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
     if fig is not None:
         lines += ["## Headline: final accuracy against staleness", "", f"![headline]({rel(fig)})", "",
-                  f"Sweep `{headline}`. Left, top: held-out accuracy after training against N, per loss: seed mean "
-                  f"with its {stats.CONFIDENCE:.0%} band, collapsed runs as x. Left, bottom: each loss minus the "
-                  "reference loss at each N, paired by seed, with its interval (the comparison the claims rest on: "
-                  "levels whose bands overlap can still differ clearly seed by seed). Right: the training reward per "
-                  "N against optimizer steps (the same steps and samples at every N), seed mean with its min-max "
-                  "band.", ""]
+                  f"Sweep `{headline}`. {HEADLINE}", ""]
     lines += ["## Sweeps", "", sweeps_table(sweeps, runs, root, page.parent), ""]
     for name, sweep in sweeps.items():
         lines += sweep_section(sweep, runs[runs.sweep == name], figures[name], rel, root / name / "report.md")
+    page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(lines) + "\n")
     return page
 
@@ -93,9 +88,8 @@ def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None =
     """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(sweep, runs, out, panel, curve)
-    report = out / "report.md"
-    report.write_text(sweep_markdown(sweep, runs, figures))
-    made = {report, write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
+    (out / "report.md").write_text(sweep_markdown(sweep, runs, figures))
+    made = {out / "report.md", write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
     for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
         stale.unlink()
     return figures
@@ -109,25 +103,25 @@ def statistics_section(verdicts: list[cl.Verdict]) -> list[str]:
     rows = [{"data": case, **{f"{c.seeds} seeds": f"{c.covered:.1%} (wholly above: {c.above:.1%})"
                               for c in table if c.case == case}} for case in stats.COVERAGE_CASES]
     tests = [t for v in verdicts for t in next(iter(v.readings.values()), []) if t.verdict and t.n >= stats.MIN_SEEDS]
-    mixture = [c for c in table if c.case == list(stats.COVERAGE_CASES)[-1]]
-    return [f"**Intervals.** Every interval on this page is a {stats.METHOD} at {level} (vespo.lab.stats). Its "
-            f"coverage at the lab's seed counts, simulated with {stats.COVERAGE_REPS:,} experiments per cell (the share "
-            "of intervals that hold the true mean; in parentheses the share wholly above it, i.e. a false \"greater\"):",
+    mix = next(c for c in table if c.case == list(stats.COVERAGE_CASES)[-1])
+    return [f"**Intervals.** Every interval on this page is a {stats.METHOD} at {level} (vespo.lab.stats). Its coverage "
+            f"at the lab's seed counts, simulated with {stats.COVERAGE_REPS:,} experiments per cell (the share of "
+            "intervals that hold the true mean; in parentheses the share wholly above it, i.e. a false \"greater\"):",
             "", markdown(rows), "",
             "On normal and moderately skewed data it covers close to its nominal level at 3 seeds already; on strongly "
-            "skewed data it covers less, the misses mostly below the mean. Where some runs of a condition collapse, "
-            f"a mean over seeds is not what to read: at {mixture[0].seeds} seeds the interval covers "
-            f"{mixture[0].covered:.0%}, and {mixture[0].above:.0%} of the intervals lie wholly above the truth (often "
-            "no seed collapsed in the sample); such conditions are judged by their collapse counts. Fewer than "
-            f"{stats.MIN_SEEDS} seeds give no interval: \"too few seeds\".", "",
-            f"**Error control.** A verdict is a test of its paired differences against the claim's line at the level "
-            f"of the interval shown (the {level} interval excludes the line <=> two-sided p < "
-            f"{1 - stats.CONFIDENCE:.2f}), and the page's {len(tests)} tests are one family under Holm's correction, "
-            f"so the chance that any verdict of the table is a false one is at most {stats.FAMILY_ERROR:.0%}: an "
-            "interval that excludes the line can still read \"not resolved\" (each test's Holm-adjusted p is beside "
-            "it). Each verdict is judged again on held-out greedy accuracy and on the mean of the last quarter's "
-            "evaluations (each its own Holm family); where the three readings differ, the verdict is \"depends on "
-            "the metric\" and says how. The recommendation controls each line's pairs the same way.", ""]
+            "skewed data it covers less, the misses mostly below the mean. Where some runs of a condition collapse, a "
+            f"mean over seeds is not what to read: at {mix.seeds} seeds the interval covers {mix.covered:.0%}, and "
+            f"{mix.above:.0%} of the intervals lie wholly above the truth (often no seed collapsed in the sample); such "
+            f"conditions are judged by their collapse counts. Fewer than {stats.MIN_SEEDS} seeds give no interval: "
+            "\"too few seeds\".", "",
+            f"**Error control.** A verdict is a test of its paired differences against the claim's line at the level of "
+            f"the interval shown (the {level} interval excludes the line <=> two-sided p < {1 - stats.CONFIDENCE:.2f}), "
+            f"and the page's {len(tests)} tests are one family under Holm's correction, so the chance that any verdict "
+            f"of the table is a false one is at most {stats.FAMILY_ERROR:.0%}: an interval that excludes the line can "
+            "still read \"not resolved\" (each test's Holm-adjusted p is beside it). Each verdict is judged again on "
+            "held-out greedy accuracy and on the mean of the last quarter's evaluations (each its own Holm family); "
+            "where the three readings differ, the verdict is \"depends on the metric\" and says how. The "
+            "recommendation controls each line's pairs the same way.", ""]
 
 
 def noise_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
@@ -137,27 +131,16 @@ def noise_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
     if not problems:
         return []
     p = float(usable.eval_sampled.mean())
-    sd = math.sqrt(p * (1 - p) / problems)
-    diffs = []
-    for name, sweep in sweeps.items():
-        if sweep.reference:
-            (axis, ref), = sweep.reference.items()
-            mine = runs[runs.sweep == name]
-            cells = dict(conditions(sweep, mine))
-            for key, cell in cells.items():
-                labels = dict(zip(sweep.conditions, key))
-                partner = cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions))
-                if labels[axis] != ref and partner is not None:
-                    d = stats.paired(cell.set_index("seed").eval_sampled, partner.set_index("seed").eval_sampled)
-                    diffs.append(abs(d.diff.mean))
-    diffs = np.array([d for d in diffs if math.isfinite(d)])
-    return [f"**Evaluation noise.** One final evaluation on {problems} problems has a binomial SD of {sd:.3f} at the "
-            f"lab's mean accuracy {p:.2f} (at most {0.5 / math.sqrt(problems):.3f}), and a difference of two "
-            f"evaluations {sd * math.sqrt(2):.3f}; a mean over n seeds divides it by sqrt(n). That is not small next "
-            f"to what the sweeps compare: {int((diffs < 2 * sd * math.sqrt(2)).sum())} of the {len(diffs)} paired "
-            f"differences against a sweep's reference condition are below {2 * sd * math.sqrt(2):.3f} (two SDs of a "
-            f"difference), their median {np.median(diffs):.3f}. The evaluations during training (256 problems) have "
-            f"twice that SD.", ""]
+    sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
+    diffs = np.array([abs(stats.paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
+                      for name, s in sweeps.items() if s.reference for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
+    diffs = diffs[np.isfinite(diffs)]
+    return [f"**Evaluation noise.** One final evaluation on {problems} problems has a binomial SD of "
+            f"{sd / math.sqrt(2):.3f} at the lab's mean accuracy {p:.2f} (at most {0.5 / math.sqrt(problems):.3f}), a "
+            f"difference of two evaluations {sd:.3f}; a mean over n seeds divides it by sqrt(n). That is not small next "
+            f"to what the sweeps compare: {int((diffs < 2 * sd).sum())} of the {len(diffs)} differences of a condition "
+            f"from its sweep's reference are below {2 * sd:.3f} (two SDs of a difference), their median "
+            f"{np.median(diffs):.3f}. An evaluation during training (256 problems) has twice that SD.", ""]
 
 
 def collapse_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
@@ -168,31 +151,45 @@ def collapse_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
                  **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in before if r.scenario.startswith("col")}})
     usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
     fell = usable.eval_sampled < 0.5 * usable.warm_start  # the independent criterion
-    missed, extra = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed]
-    healthy = usable[usable.eval_sampled >= usable.warm_start]
+    missed, extra, healthy = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed], \
+        usable[usable.eval_sampled >= usable.warm_start]
     fired = [f"`{name}` {', '.join(k)}: {int(c.collapsed.sum())}/{len(c)}" for name, sweep in sweeps.items()
              for k, c in conditions(sweep, runs[(runs.sweep == name) & runs.usable]) if 2 * c.collapsed.sum() >= len(c) > 0
              and c.collapsed.any()]
-
-    def names(frame: pd.DataFrame) -> str:
-        return "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start {r.warm_start:.3f})"
-                         for r in frame.itertuples()) or "none"
-
+    names = lambda frame: "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "  # noqa: E731
+                                    f"{r.warm_start:.3f})" for r in frame.itertuples()) or "none"
     return [f"**Collapse.** {collapse.describe()}. The rule was chosen on simulated runs (vespo.lab.simulate, "
             f"{now[0].runs} per row) with the lab's own schedules, 4 evaluations (the lr ranges' 256 updates) and 8 (512 "
             "updates): on runs that do not collapse the share flagged is a false-positive rate, on runs that collapse "
             "one minus it is the miss rate; the previous rule missed far more than 1 in 10.", "", markdown(rows), "",
-            f"Checked on the sweeps' {len(usable)} finished runs against an independent criterion, the final "
-            f"evaluation on {simulate.BEFORE_PROBLEMS} problems below half the warm start's: it calls {int(fell.sum())} "
-            f"runs collapsed, and the rule missed {len(missed)} of them, {stats.ci_text(stats.rate_ci(len(missed), int(fell.sum())))} "
+            f"Checked on the sweeps' {len(usable)} finished runs against an independent criterion, the final evaluation "
+            f"on {simulate.BEFORE_PROBLEMS} problems below half the warm start's: it calls {int(fell.sum())} runs "
+            f"collapsed, and the rule missed {len(missed)} of them, {ci_text(rate_ci(len(missed), int(fell.sum())))} "
             f"(exact {stats.CONFIDENCE:.0%} interval): {names(missed)}. Of the {len(healthy)} runs that ended at or above "
             f"their warm start the rule flagged {int(healthy.collapsed.sum())}, "
-            f"{stats.ci_text(stats.rate_ci(int(healthy.collapsed.sum()), len(healthy)))}. It flagged {len(extra)} runs the "
-            f"criterion does not call collapsed: {names(extra)}. The rule fired in at least half the runs of "
-            f"{len(fired)} conditions (the positive controls): " + ("; ".join(fired) or "nowhere yet") + ".", ""]
+            f"{ci_text(rate_ci(int(healthy.collapsed.sum()), len(healthy)))}. It flagged {len(extra)} runs the criterion "
+            f"does not call collapsed: {names(extra)}. The rule fired in at least half the runs of {len(fired)} "
+            "conditions (the positive controls): " + ("; ".join(fired) or "nowhere yet") + ".", ""]
 
 
 # ---------------------------------------------------------------- claims and sweeps
+
+
+RULES = (
+    "How a row is decided (the rule is written beside each claim in the claims file): a comparison is a paired "
+    "difference over seeds, tested against the claim's line under Holm (above): a positive difference agrees with "
+    "\"greater\", a negative one disagrees, an unresolved one is \"not resolved\"; \"within m\" agrees when the "
+    "difference lies inside (-m, m) and disagrees when it lies outside; \"at least m\" (matches or beats, m < 0) "
+    "agrees above m. A trend over N (\"grows\", \"weakens as N grows\") is judged at every step of N: the value at "
+    "each N minus the value at the N before, paired by seed; it agrees only if every step does. A claim made of "
+    "several comparisons agrees only if all of them do and disagrees if any does. Collapse claims count collapsed "
+    "runs (most: at least half; some: at least one, none collapsing leaves \"can collapse\" not resolved; most with "
+    "none collapsing is \"too few seeds\" until the rate's interval lies below one half; none: zero, and only beside a "
+    "control where the rule fired). \"Stabler\" compares collapses run by run, paired by seed and learning rate "
+    "across the lr grid (McNemar's exact test on the runs where one loss collapsed and the other did not), "
+    f"step-size variants apart. Robustness: *{cl.ROBUST}* = resolved on every reading, each deciding test with at "
+    f"least {cl.ROBUST_SHARE:.0%} of at least {cl.ROBUST_SEEDS} seeds (or pairs) on its side; *{cl.SUPPORTED}* = "
+    f"resolved on every reading; *{cl.UNCLEAR}* = not.")
 
 
 def claims_table(verdicts: list[cl.Verdict]) -> str:
@@ -201,44 +198,22 @@ def claims_table(verdicts: list[cl.Verdict]) -> str:
                       "robustness": v.robustness or "–"} for i, v in enumerate(verdicts, 1)])
 
 
-def rules_text() -> str:
-    return (
-        "How a row is decided (the rule is written beside each claim in the claims file): a comparison is a paired "
-        f"difference over seeds, tested against the claim's line under Holm (above): a positive difference agrees "
-        "with \"greater\", a negative one disagrees, an unresolved one is \"not resolved\"; \"within m\" agrees when "
-        "the difference lies inside (-m, m) and disagrees when it lies outside; \"at least m\" (matches or beats, "
-        "m < 0) agrees above m. A trend over N (\"grows\", \"weakens as N grows\") is judged at every step of N: "
-        "the value at each N minus the value at the N before, paired by seed; it agrees only if every step does. "
-        "A claim made of several comparisons agrees only if all of them do and disagrees if any does. \"Settled\" "
-        "(the end point) is the mean held-out evaluation of the last quarter of the updates minus that of the quarter "
-        "before, within the claim's band. Collapse claims count collapsed runs (most: at least half; some: at least "
-        "one, none collapsing leaves \"can collapse\" not resolved; most with none collapsing is \"too few seeds\" "
-        "until the rate's interval lies below one half; none: zero, and only beside a control where the rule "
-        "fired). \"Stabler\" compares collapses run by run, paired by seed and learning rate across the lr grid "
-        "(McNemar's exact test on the runs where one loss collapsed and the other did not), step-size variants "
-        f"apart. Robustness: *{cl.ROBUST}* = resolved on every reading, each deciding test with at least "
-        f"{cl.ROBUST_SHARE:.0%} of at least {cl.ROBUST_SEEDS} seeds (or pairs) on its side; *{cl.SUPPORTED}* = "
-        f"resolved on every reading; *{cl.UNCLEAR}* = not.")
-
-
 def sweeps_table(sweeps: dict[str, Sweep], runs: pd.DataFrame, root: Path, page_dir: Path) -> str:
-    rows = []
-    for name, sweep in sweeps.items():
-        mine, s = runs[runs.sweep == name], sweep.sessions
-        rows.append({"sweep": f"`{name}`", "file": f"`{sweep.source}`",
-                     "runs finished / in grid": f"{int((mine.status == 'done').sum())} / {len(sweep.points())}",
-                     "wall time": wall_text(s, mine), "commit": commit_text(s), "machine": machine_text(s),
-                     "report": f"[report]({os.path.relpath(root / name / 'report.md', page_dir)})"})
-    return markdown(rows)
+    return markdown([{"sweep": f"`{name}`", "file": f"`{sweep.source}`", "runs finished / in grid":
+                      f"{int((runs[runs.sweep == name].status == 'done').sum())} / {len(sweep.points())}",
+                      "wall time": wall_text(sweep.sessions, runs[runs.sweep == name]),
+                      "commit": commit_text(sweep.sessions), "machine": machine_text(sweep.sessions),
+                      "report": f"[report]({os.path.relpath(root / name / 'report.md', page_dir)})"}
+                     for name, sweep in sweeps.items()])
 
 
 def wall_text(sessions: list[dict], runs: pd.DataFrame) -> str:
-    runs_min = f"runs {np.nansum(runs.record.map(lambda r: float(r.summary.get('seconds') or 0))) / 60:.0f} min in all"
+    runs_min = f"runs {sum(float(r.summary.get('seconds') or 0) for r in runs.record) / 60:.0f} min in all"
     if not sessions:
         return f"not recorded ({runs_min})"
-    wall = sum(float(x.get("seconds") or 0) for x in sessions)
     killed = sum(x.get("end") is None for x in sessions)
-    return (f"{wall / 60:.0f} min" + (f", {len(sessions)} calls" if len(sessions) > 1 else "")
+    return (f"{sum(float(x.get('seconds') or 0) for x in sessions) / 60:.0f} min"
+            + (f", {len(sessions)} calls" if len(sessions) > 1 else "")
             + (f", {killed} killed (counted to the last time seen alive)" if killed else "") + f" ({runs_min})")
 
 
@@ -248,26 +223,22 @@ def commit_text(sessions: list[dict]) -> str:
 
 
 def machine_text(sessions: list[dict]) -> str:
-    seen = dict.fromkeys(f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
-                         for m in (x.get("machine") or {} for x in sessions))
-    return "; ".join(seen) or "not recorded"
+    return "; ".join(dict.fromkeys(f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
+                                   for m in (x.get("machine") or {} for x in sessions))) or "not recorded"
 
 
 def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> list[str]:
-    lines, sessions = [f"### `{sweep.name}`", ""], sweep.sessions
-    if sessions:
+    lines, s = [f"### `{sweep.name}`", ""], sweep.sessions
+    if s:
         lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", ""]
-        lines += [f"    {c}" for c in dict.fromkeys(x["command"] for x in sessions)]
-        last = sessions[-1].get("end") or sessions[-1].get("last_seen") or "?"
-        lines += ["", f"Ran from {_when(sessions[0].get('start', '?'))} to {_when(last)}; wall time "
-                      f"{wall_text(sessions, runs)}; commit {commit_text(sessions)}.", ""]
+        lines += [f"    {c}" for c in dict.fromkeys(x["command"] for x in s)]
+        lines += ["", f"Ran from {_when(s[0].get('start', '?'))} to {_when(s[-1].get('end') or s[-1].get('last_seen') or '?')}"
+                      f"; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
     else:
         lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]
-    lines += sweep_tables(sweep, runs)
-    lines += [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]
-    lines += ["", "Figures: " + ", ".join(f"[{f.stem}]({rel(f)})" for f in figures)
-              + f"; [the full report, every run]({rel(report)}).", ""]
-    return lines
+    lines += sweep_tables(sweep, runs) + [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]
+    return lines + ["", "Figures: " + ", ".join(f"[{f.stem}]({rel(f)})" for f in figures)
+                    + f"; [the full report, every run]({rel(report)}).", ""]
 
 
 def _when(iso: str) -> str:

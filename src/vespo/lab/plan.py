@@ -1,9 +1,7 @@
-"""Planning a sweep: what each grid point needs (start, resume, skip, kept as failed), the protocol
-it runs (N, mini-batch, rollout batch, steps), the sweep directory's record (sweep.json, base.yaml),
-and the write-back of an earlier session's archived runs (`--from-archive`).
-
-A sweep directory refuses a changed base config or a run whose overrides changed, so results of
-different settings are never mixed.
+"""Planning a sweep: what each grid point needs (start, resume, skip, kept as failed) and the protocol it
+runs, the sweep directory's record (sweep.json, base.yaml), and the write-back of an earlier session's
+archived runs (`--from-archive`). A sweep directory refuses a changed base config, or a run whose
+overrides changed, so results of different settings are never mixed.
 """
 
 from __future__ import annotations
@@ -12,27 +10,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from vespo.lab.grid import GridPoint, Sweep, SweepError
 from vespo.lab.provenance import merge_sessions
 from vespo.lab.runs import read_archive_body, write_run
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """What one run does, in the paper's terms (from its resolved config)."""
-
-    n: int  # mini-batches (optimizer steps) per rollout batch
-    minibatch_prompts: int
-    group_size: int  # responses per prompt
-    rollout_prompts: int  # prompts per rollout batch = n x minibatch_prompts
-    rollout_steps: int
-    mode: str  # sync | async
-
-    @property
-    def updates(self) -> int:
-        return self.rollout_steps * self.n
 
 
 @dataclass
@@ -41,7 +24,7 @@ class Job:
     run_dir: Path
     action: str  # "skip" (done), "failed" (kept), "resume", "start"
     warm_key: str = ""  # warm-start cache file this run reads or writes
-    protocol: Protocol | None = None
+    protocol: dict | None = None  # the paper's terms: N, mini-batch, rollout batch, steps, samples
     started: float | None = None  # when its process was launched (time.time)
 
 
@@ -57,10 +40,10 @@ def parse_only(items: list[str], sweep: Sweep) -> dict[str, set[str]]:
         label, _, values = item.partition("=")
         if label not in axes or not values:
             raise SweepError(f"--only {item!r}: expected AXIS=V1,V2 with AXIS one of {sorted(axes)}")
-        wanted = set(values.split(","))
-        if wanted - set(axes[label]):
-            raise SweepError(f"--only {item!r}: {sorted(wanted - set(axes[label]))} not in grid axis {label} {axes[label]}")
-        only[label] = wanted
+        only[label] = set(values.split(","))
+        if only[label] - set(axes[label]):
+            raise SweepError(f"--only {item!r}: {sorted(only[label] - set(axes[label]))} not in grid axis {label} "
+                             f"{axes[label]}")
     return only
 
 
@@ -68,13 +51,14 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
     """Write the sweep's record into ``out`` and decide what each grid point needs."""
     write_record(sweep, out)
     jobs = []
-    for point in sweep.points():
-        if any(point.labels[a] not in v for a, v in (only or {}).items()):
-            continue
+    for point in (p for p in sweep.points() if all(p.labels[a] in v for a, v in (only or {}).items())):
         cfg = _config(sweep, out, point)
-        jobs.append(Job(point, out / point.name, _action(out / point.name, retry_failed), _warm_key(cfg),
-                        Protocol(cfg.staleness.n, cfg.prompts_per_minibatch, cfg.rollout.group_size,
-                                 cfg.prompts_per_step, cfg.steps, cfg.run.mode)))
+        mini = cfg.prompts_per_minibatch * cfg.rollout.group_size
+        protocol = {"N": cfg.staleness.n, "mini-batch": f"{cfg.prompts_per_minibatch} prompts x {cfg.rollout.group_size} "
+                    f"= {mini}", "rollout batch": f"{cfg.prompts_per_step} prompts = {cfg.prompts_per_step * cfg.rollout.group_size}",
+                    "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
+                    "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
+        jobs.append(Job(point, out / point.name, _action(out / point.name, retry_failed), _warm_key(cfg), protocol))
     return jobs
 
 
@@ -104,12 +88,11 @@ def write_record(sweep: Sweep, out: Path) -> None:
 
 
 def _action(run_dir: Path, retry_failed: bool) -> str:
-    summary, lab = run_dir / "summary.json", run_dir / "lab.json"
+    summary, lab, checkpoints = run_dir / "summary.json", run_dir / "lab.json", run_dir / "checkpoints"
     if summary.exists() and json.loads(summary.read_text()).get("status") == "done":
         return "skip"
     if lab.exists() and json.loads(lab.read_text()).get("returncode", 0) != 0 and not retry_failed:
         return "failed"
-    checkpoints = run_dir / "checkpoints"
     started = (run_dir / "metrics.jsonl").exists() or (checkpoints.is_dir() and any(checkpoints.iterdir()))
     return "resume" if started else "start"  # --resume starts over a run killed before its first checkpoint
 
@@ -122,11 +105,23 @@ def _warm_key(cfg) -> str:
     return str(warmstart_cache_path(cfg))
 
 
+def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
+    """The runs with their protocol, and the expected wall time when the sweep file states a cost."""
+    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip", "failed")}
+    print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    pending, c = counts["start"] + counts["resume"], sweep.cost
+    if c is not None and pending:
+        print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min (the sweep file "
+              f"assumes {c.run_s:g} s per run with {c.jobs} at a time" + (f"; you asked for --jobs {n_jobs}" if n_jobs
+                                                                          != c.jobs else "") + (f"; {c.note}" if c.note else "") + ")")
+    table = pd.DataFrame([{"action": j.action, "run": j.point.name, **(j.protocol or {})} for j in jobs])
+    print("\n".join("  " + line.rstrip() for line in table.to_string(index=False, justify="left").splitlines()))
+
+
 def restore(archive: Path, sweep: Sweep, out: Path) -> int:
-    """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks
-    (vespo.lab.runs.write_run) and the archive's sessions, so that planning skips them. Refuses an
-    archive of another sweep, a run that is not a point of the grid, or one made with other overrides
-    or another resolved config than the grid gives it now. Returns the number of runs written back."""
+    """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks (and the
+    archive's sessions), so that planning skips them. Refuses an archive of another sweep, a run that is not a
+    point of the grid, or one made with other overrides or another resolved config than the grid gives it now."""
     from vespo.config import to_dict
 
     body = read_archive_body(archive)
@@ -136,64 +131,22 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
     write_record(sweep, out)
     points, restored = {p.name: p for p in sweep.points()}, 0
     for item in body["runs"]:
-        name, lab = item["name"], item["lab"]
+        name, lab, point = item["name"], item["lab"], points.get(item["name"])
         if (item["summary"] or {}).get("status") != "done" and not lab.get("stopped_nonfinite"):
             continue  # not finished: run again
-        point = points.get(name)
-        if point is None:
-            raise SweepError(f"{archive}: run {name} is not a point of the grid of {sweep.source}")
-        if lab.get("overrides") != point.overrides:
-            raise SweepError(f"{archive}: run {name} was made with overrides {lab.get('overrides')}, the grid of "
+        if point is None or lab.get("overrides") != point.overrides:
+            raise SweepError(f"{archive}: run {name} is not a point of the grid of {sweep.source}" if point is None else
+                             f"{archive}: run {name} was made with overrides {lab.get('overrides')}, the grid of "
                              f"{sweep.source} gives it {point.overrides}")
         if (out / name / "lab.json").exists():
             continue  # this directory's own run (finished, or to resume) wins
-        differs = _first_difference(json.loads(json.dumps(item["config"])),
-                                    json.loads(json.dumps(to_dict(_config(sweep, out, point)))), skip={"run.out_dir"})
+        was, now = (pd.json_normalize(json.loads(json.dumps(c))).iloc[0].to_dict() for c in (
+            item["config"], to_dict(_config(sweep, out, point))))
+        differs = [k for k in {**was, **now} if k != "run.out_dir" and str(was.get(k)) != str(now.get(k))]
         if differs:
-            raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {differs[1]!r}, the grid of "
-                             f"{sweep.source} now resolves it to {differs[2]!r}: not the same condition")
+            raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {was.get(differs[0])!r}, the grid of "
+                             f"{sweep.source} now resolves it to {now.get(differs[0])!r}: not the same condition")
         write_run(item, out / name)
         restored += 1
     merge_sessions(out, body["record"].get("sessions") or [])
     return restored
-
-
-def _first_difference(a: object, b: object, skip: set[str], at: str = "") -> tuple[str, object, object] | None:
-    """(dotted key, a's value, b's value) of the first place two configs differ, else None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            where = f"{at}.{key}" if at else str(key)
-            found = None if where in skip else _first_difference(a.get(key), b.get(key), skip, where)
-            if found:
-                return found
-        return None
-    return None if a == b else (at, a, b)
-
-
-PLAN_HEAD = ("action", "run", "N", "mini-batch", "rollout batch", "rollout steps", "optimizer steps", "samples")
-
-
-def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
-    """The runs with their protocol, and the expected wall time when the sweep file states a cost."""
-    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip", "failed")}
-    print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
-    pending = counts["start"] + counts["resume"]
-    if sweep.cost is not None and pending:
-        c = sweep.cost
-        print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min "
-              f"(the sweep file assumes {c.run_s:g} s per run with {c.jobs} at a time"
-              + (f"; you asked for --jobs {n_jobs}" if n_jobs != c.jobs else "") + (f"; {c.note}" if c.note else "") + ")")
-    rows = [PLAN_HEAD] + [_plan_row(job) for job in jobs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(PLAN_HEAD))]
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-
-
-def _plan_row(job: Job) -> tuple[str, ...]:
-    p = job.protocol
-    if p is None:
-        return (job.action, job.point.name) + ("",) * 6
-    mini = p.minibatch_prompts * p.group_size
-    return (job.action, job.point.name, str(p.n), f"{p.minibatch_prompts} prompts x {p.group_size} = {mini}",
-            f"{p.rollout_prompts} prompts = {p.rollout_prompts * p.group_size}",
-            str(p.rollout_steps) + (" (async)" if p.mode == "async" else ""), str(p.updates), str(p.updates * mini))

@@ -1,18 +1,15 @@
-"""What the lab reads of a run, from its directory or from a sweep's archive, as one table of runs.
+"""What the lab reads of a run, from its directory or a sweep's archive, as one table of runs.
 
     sweeps, runs = read_lab(["runs/lab/staleness", "docs/results/async"])
-    runs[runs.sweep == "staleness"]        one row per run: its labels (one column per grid axis), status,
-                                           collapse (vespo.lab.collapse) and METRICS, and `record` (the Run)
+    runs[runs.sweep == "staleness"]     one row per run: its labels (a column per grid axis), status, usable,
+                                        collapse (vespo.lab.collapse), the METRICS, and `record` (the Run)
 
-METRICS is the one home of a per-run result: its definition and how it is computed from what the run
-logged; ROW_KEYS (with every eval/ key) is what an archive keeps of each logged row. "Final" means
-the same at every N under the paper's protocol of equal optimizer steps: a run's quarters are
-quarters of its optimizer steps. A run the trainer stopped for non-finite updates has no evaluation
-and counts as reward 0; a run that failed otherwise, or has not finished, is listed but not usable.
-
-A sweep's archive (runs.json.gz, written beside each report) holds every run's lab.json, config,
-summary, evaluation before training and the ROW_KEYS of each row, plus the sweep's record and sessions,
-so the page regenerates without the run directories (which hold checkpoints and are not committed).
+METRICS is the one home of a per-run result: what it is and how it is read from what the run logged;
+ROW_KEYS (with every eval/ key) is what an archive keeps of each logged row. A run's quarters are
+quarters of its optimizer steps, the same at every N. A run the trainer stopped for non-finite updates
+counts as reward 0; one that failed otherwise, or has not finished, is listed but not usable. An archive
+(runs.json.gz) holds each run's lab.json, config, summary, evaluation before training and rows, and the
+sweep's record and sessions, so the page regenerates without the run directories.
 """
 
 from __future__ import annotations
@@ -33,11 +30,9 @@ from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.lab.provenance import read_sessions
 from vespo.metrics import read_jsonl
 
-ARCHIVE = "runs.json.gz"
-ARCHIVE_FORMAT = 1
+ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
-TARGET_REWARD = 0.6  # time to accuracy: the training reward to reach ...
-TARGET_WINDOW = RULE.every  # ... averaged over windows of this many updates
+TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training reward over windows of updates
 
 
 @dataclass
@@ -71,61 +66,47 @@ class Run:
         return float((self.summary.get("eval_before") or self.eval_before).get("reward_sampled", math.nan))
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """(updates, values) of a logged key: an evaluation after the updates of its row, a training
-        metric at the updates taken before its row's samples were trained."""
-        shift = 0 if key.startswith("eval/") else -1
-        pts = [((int(r["step"]) + shift) * self.n, float(r[key])) for r in self.rows or [] if key in r]
+        """(updates, values) of a logged key: an evaluation after its row's updates, a training metric at the
+        updates taken before its row's samples were trained; "-key": minus the key."""
+        shift, sign, key = (0 if "eval/" in key else -1), (-1 if key[0] == "-" else 1), key.lstrip("-")
+        pts = [((int(r["step"]) + shift) * self.n, sign * float(r[key])) for r in self.rows or [] if key in r]
         return np.array([u for u, _ in pts]), np.array([v for _, v in pts])  # [k] each
 
-    def quarter_mean(self, key: str, q: int) -> float:
-        """Mean of a key over the q-th quarter (0..3) of the optimizer steps."""
+    def quarter(self, key: str, q: int = 3, how: str = "mean") -> float:
+        """``how`` (mean, max) of a key over the q-th quarter (0..3) of the optimizer steps; q=None: all rows."""
         x, y = self.series(key)
-        lo, hi = q * self.updates / 4, (q + 1) * self.updates / 4
-        inside = (x > lo) & (x <= hi) if key.startswith("eval/") else (x >= lo - 1e-9) & (x < hi - 1e-9)
-        return float(y[inside].mean()) if inside.any() else math.nan
-
-    def maximum(self, *keys: str) -> float:
-        """The largest value of the first of ``keys`` the rows hold ("-key": of minus the key)."""
-        for key in keys:
-            y = self.series(key.lstrip("-"))[1] * (-1 if key.startswith("-") else 1)
-            if len(y):
-                return float(y.max())
-        return math.nan
+        if q is not None:
+            lo, hi = q * self.updates / 4, (q + 1) * self.updates / 4
+            y = y[(x > lo) & (x <= hi) if "eval/" in key else (x >= lo - 1e-9) & (x < hi - 1e-9)]
+        return float(getattr(y, how)()) if len(y) else math.nan
 
 
 def _after(key: str) -> Callable[[Run], float]:
     return lambda r: float((r.summary.get("eval_after") or {}).get(key, math.nan))
 
 
-def _mean(key: str) -> Callable[[Run], float]:
-    return lambda r: float(np.mean(r.series(key)[1])) if len(r.series(key)[1]) else math.nan
-
-
 METRICS: dict[str, tuple[str, Callable[[Run], float]]] = {  # name -> (what it is, how it is read)
     "eval_sampled": ("held-out accuracy after the last update, one sample per problem", _after("reward_sampled")),
     "eval_greedy": ("held-out accuracy after the last update, greedy", _after("reward_greedy")),
-    "eval_last": ("mean held-out accuracy of the evaluations during training in the last quarter of the updates",
-                  lambda r: r.quarter_mean(EVAL, 3)),
-    "eval_rise": ("mean held-out accuracy of the evaluations in the last quarter minus the quarter before",
-                  lambda r: r.quarter_mean(EVAL, 3) - r.quarter_mean(EVAL, 2)),
-    "train_last": ("training reward over the last quarter of the optimizer steps",
-                   lambda r: r.quarter_mean("reward/mean", 3)),
-    "best_reward": ("best training reward of a rollout step", lambda r: r.maximum("reward/mean")),
+    "eval_last": ("mean of the held-out evaluations during training in the last quarter of the updates",
+                  lambda r: r.quarter(EVAL)),
+    "eval_rise": ("that mean minus the same of the quarter before", lambda r: r.quarter(EVAL) - r.quarter(EVAL, 2)),
+    "train_last": ("training reward over the last quarter of the optimizer steps", lambda r: r.quarter("reward/mean")),
+    "best_reward": ("best training reward of a rollout step", lambda r: r.quarter("reward/mean", None, "max")),
     "updates_to_target": (f"optimizer steps until the training reward over a window of {TARGET_WINDOW} updates first "
                           f"reaches {TARGET_REWARD:g}", lambda r: time_to_target(r)[0]),
     "seconds_to_target": ("training wall seconds (without evaluations) until then", lambda r: time_to_target(r)[1]),
-    "max_grad_norm": ("largest gradient norm (before clipping) of any update",
-                      lambda r: r.maximum("optim/grad_norm_max", "optim/grad_norm")),
-    "max_kl": ("largest per-step stale KL k3 (behavior policy vs the updated policy)", lambda r: r.maximum("kl/k3")),
-    "final_kl": ("stale KL k3 over the last quarter", lambda r: r.quarter_mean("kl/k3", 3)),
-    "final_engine_kl": ("engine KL k3 (rollout engine vs trainer) over the last quarter",
-                        lambda r: r.quarter_mean("mismatch/k3", 3)),
-    "ess": ("mean effective sample size of the sequence weights", _mean("is/ess")),
-    "log_w_min": ("smallest sequence log-weight log W", lambda r: -r.maximum("-is/log_w_min")),
-    "log_w_max": ("largest sequence log-weight log W", lambda r: r.maximum("is/log_w_max")),
-    "final_eos": ("share of responses ending with EOS over the last quarter",
-                  lambda r: r.quarter_mean("rollout/eos_rate", 3)),
-    "warm_start": ("held-out accuracy before training (1024 problems)", lambda r: r.before),
+    "max_grad_norm": ("largest gradient norm (before clipping) of any update", lambda r: next(
+        (x for x in (r.quarter(k, None, "max") for k in ("optim/grad_norm_max", "optim/grad_norm")) if x == x), math.nan)),
+    "max_kl": ("largest per-step stale KL k3 (behavior policy vs the updated policy)",
+               lambda r: r.quarter("kl/k3", None, "max")),
+    "final_kl": ("stale KL k3 over the last quarter", lambda r: r.quarter("kl/k3")),
+    "final_engine_kl": ("engine KL k3 (rollout engine vs trainer) over the last quarter", lambda r: r.quarter("mismatch/k3")),
+    "ess": ("mean effective sample size of the sequence weights", lambda r: r.quarter("is/ess", None)),
+    "log_w_min": ("smallest sequence log-weight log W", lambda r: -r.quarter("-is/log_w_min", None, "max")),
+    "log_w_max": ("largest sequence log-weight log W", lambda r: r.quarter("is/log_w_max", None, "max")),
+    "final_eos": ("share of responses ending with EOS over the last quarter", lambda r: r.quarter("rollout/eos_rate")),
+    "warm_start": ("held-out accuracy before training", lambda r: r.before),
     "seconds": ("the run's wall seconds", lambda r: float(r.summary.get("seconds") or math.nan)),
 }
 ROW_KEYS = ("step", "reward/mean", "kl/k3", "mismatch/k3", "is/ess", "is/log_w_min", "is/log_w_max",
@@ -136,34 +117,31 @@ ROW_KEYS = ("step", "reward/mean", "kl/k3", "mismatch/k3", "is/ess", "is/log_w_m
 def time_to_target(run: Run, target: float = TARGET_REWARD, window: int = TARGET_WINDOW) -> tuple[float, float]:
     """(updates, seconds): the end of the first window of ``window`` updates whose mean training reward
     reaches ``target``, and the rows' perf/step_s summed up to it; nan for a run that never does."""
-    rows = run.rows or []
-    done = [int(r["step"]) * run.n for r in rows]
-    frame = pd.DataFrame({"w": [math.ceil(u / window) for u in done], "reward": [r["reward/mean"] for r in rows]})
-    reached = frame.groupby("w")["reward"].mean().loc[lambda s: s >= target]
+    done = np.array([int(r["step"]) * run.n for r in run.rows or []])
+    rewards = pd.Series([r["reward/mean"] for r in run.rows or []])
+    reached = rewards.groupby(np.ceil(done / window)).mean().loc[lambda s: s >= target]
     if reached.empty:
         return math.nan, math.nan
     end = min(reached.index[0] * window, done[-1])
-    return float(end), sum(float(r.get("perf/step_s", math.nan)) for u, r in zip(done, rows) if u <= end)
+    return float(end), sum(float(r.get("perf/step_s", math.nan)) for u, r in zip(done, run.rows) if u <= end)
 
 
 def result(run: Run) -> dict:
     """A run's row of the table: status, collapse and METRICS (a broken policy scores 0)."""
     stopped = bool(run.lab.get("stopped_nonfinite"))
-    if not run.rows:
-        c = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
-        stats = {k: math.nan for k in METRICS}
-    else:
+    if run.rows:
         c = collapse_of_rows(run.rows, run.n, run.before, stopped)
-        stats = {k: f(run) for k, (_, f) in METRICS.items()}
+    else:
+        c = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
+    stats = {k: f(run) if run.rows else math.nan for k, (_, f) in METRICS.items()}
     if c.reason == "nonfinite" and not run.summary.get("eval_after"):
         stats.update(eval_sampled=0.0, eval_greedy=0.0, eval_last=0.0, train_last=0.0)
-    usable = run.status == "done" or (c.reason == "nonfinite" and stopped)
-    return {"run": run.name, "status": run.status, "usable": usable, **run.lab["labels"], "n": run.n,
-            "updates": run.updates, "collapsed": c.collapsed, "reason": c.reason, "collapse_update": c.update,
-            "evidence": c.evidence, **stats, "record": run}
+    return {"run": run.name, "status": run.status, "usable": run.status == "done" or (c.reason == "nonfinite" and stopped),
+            **run.lab["labels"], "n": run.n, "updates": run.updates, "collapsed": c.collapsed, "reason": c.reason,
+            "collapse_update": c.update, "evidence": c.evidence, **stats, "record": run}
 
 
-# ---------------------------------------------------------------- reading
+# ---------------------------------------------------------------- reading and writing
 
 
 def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
@@ -179,55 +157,50 @@ def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
 
 
 def table(sweep: Sweep, runs: list[Run]) -> pd.DataFrame:
-    """One row per run in grid order; a run a sweep file has since excluded stays out."""
+    """One row per run in grid order; a run the sweep file has since excluded stays out."""
     rows = [result(r) for r in runs if not excluded(r.lab["labels"], sweep.exclude)]
     if not rows:
         raise FileNotFoundError(f"{sweep.source or sweep.name}: no run directories yet")
     frame = pd.DataFrame(rows).assign(sweep=sweep.name)
-    for a in sweep.axes:
-        frame[a.label] = frame[a.label].astype(str) if a.label in frame else "?"
-    order = [frame[a.label].map(lambda v, vs=a.values: vs.index(v) if v in vs else len(vs)) for a in sweep.axes]
-    return frame.iloc[np.lexsort(order[::-1])].reset_index(drop=True) if order else frame
+    order = [frame[a.label].astype(str).map({v: i for i, v in enumerate(a.values)}).fillna(len(a.values))
+             for a in sweep.axes]
+    return frame.iloc[np.lexsort(order[::-1])].reset_index(drop=True)
 
 
 def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     """A sweep's record and runs from its directory or its archive (a runs.json.gz, or a folder holding one)."""
     path = Path(path)
-    if not (path / "sweep.json").is_file():
-        archive = path if path.is_file() else path / ARCHIVE
-        if archive.is_file():
-            return read_archive(archive)
-        raise FileNotFoundError(f"{path} is not a sweep directory: no sweep.json (run `vespo sweep` first) and "
-                                f"no {ARCHIVE} archive")
-    sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), read_sessions(path))
-    labs = {d: _lab_json(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()}
-    return sweep, [read_run(d, lab) for d, lab in labs.items() if not excluded(lab["labels"], sweep.exclude)]
-
-
-def _lab_json(run_dir: Path) -> dict:
-    lab = json.loads((run_dir / "lab.json").read_text())
-    if "labels" not in lab:
-        raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
-    return lab
+    if (path / "sweep.json").is_file():
+        sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), read_sessions(path))
+        labs = {d: json.loads((d / "lab.json").read_text()) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()}
+        for d, lab in labs.items():
+            if "labels" not in lab:
+                raise ValueError(f"{d / 'lab.json'} has no 'labels'")
+        return sweep, [read_run(d, lab) for d, lab in labs.items() if not excluded(lab["labels"], sweep.exclude)]
+    archive = path if path.is_file() else path / ARCHIVE
+    if not archive.is_file():
+        raise FileNotFoundError(f"{path} is not a sweep directory: no sweep.json (run `vespo sweep` first) and no "
+                                f"{ARCHIVE} archive")
+    body = read_archive_body(archive)
+    sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
+    return sweep, [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
+                   for x in body["runs"]]
 
 
 def read_run(run_dir: Path, lab: dict) -> Run:
-    def file(name: str, load=json.loads) -> dict:
+    def file(name: str, load=json.loads):
         return (load((run_dir / name).read_text()) or {}) if (run_dir / name).is_file() else {}
 
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else None
-    return Run(run_dir.name, lab, file("config.yaml", yaml.safe_load), file("summary.json"), file("eval_before.json"),
-               rows)
+    return Run(run_dir.name, lab, file("config.yaml", yaml.safe_load), file("summary.json"), file("eval_before.json"), rows)
 
 
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
-    """The sweep's archive at ``path`` (gzip'd JSON with a fixed mtime: the same runs give the same bytes)."""
-    keep = set(ROW_KEYS)
+    """The sweep's archive (gzip'd JSON with a fixed mtime: the same runs give the same bytes)."""
     body = {"format": ARCHIVE_FORMAT, "record": {**sweep.record(), "sessions": sweep.sessions},
             "runs": [{"name": r.name, "lab": r.lab, "config": r.config, "summary": None if r.rows is None else r.summary,
-                      "eval_before": r.eval_before,
-                      "rows": None if r.rows is None else [{k: v for k, v in row.items()
-                                                            if k in keep or k.startswith("eval/")} for row in r.rows]}
+                      "eval_before": r.eval_before, "rows": None if r.rows is None else [
+                          {k: v for k, v in row.items() if k in ROW_KEYS or k.startswith("eval/")} for row in r.rows]}
                      for r in runs]}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
@@ -249,14 +222,6 @@ def read_archive_body(path: Path) -> dict:
         if missing or "labels" not in (item.get("lab") or {}):
             raise ValueError(f"{path}: run {i + 1} lacks {missing or ['lab.labels']}")
     return body
-
-
-def read_archive(path: Path) -> tuple[Sweep, list[Run]]:
-    body = read_archive_body(path)
-    sweep = Sweep.from_record({**body["record"], "source": body["record"].get("source", str(path))},
-                              body["record"].get("sessions") or [])
-    return sweep, [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
-                   for x in body["runs"]]
 
 
 def write_run(item: dict, run_dir: Path) -> None:
@@ -281,6 +246,5 @@ def select(runs: pd.DataFrame, where: dict) -> pd.DataFrame:
     """The runs whose labels match ``where`` ({axis: value or [values]})."""
     keep = np.ones(len(runs), dtype=bool)
     for axis, v in where.items():
-        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() \
-            if axis in runs else False
+        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() if axis in runs else False
     return runs[keep]

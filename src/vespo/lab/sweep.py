@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from vespo.lab.grid import SweepError, load_sweep
-from vespo.lab.launch import LocalLauncher, RayLauncher, command, run_all
+from vespo.lab.launch import RayStarter, command, run_all, start_local
 from vespo.lab.plan import parse_only, plan, print_plan, restore
 from vespo.lab.provenance import session
 
@@ -64,10 +64,12 @@ def main(argv: list[str]) -> int:
             if job.action in ("start", "resume"):
                 print(" ".join(command(job, out)))
         return 0
-    launcher = RayLauncher(args.ray_address, args.run_cpus, args.run_gpus, args.jobs) if args.ray_address \
-        else LocalLauncher()
-    with session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record, launcher:
-        failed = run_all(jobs, out, args.jobs, launcher)
+    start = RayStarter(args.ray_address, args.run_cpus, args.run_gpus, args.jobs) if args.ray_address else start_local
+    with session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record:
+        try:
+            failed = run_all(jobs, out, args.jobs, start)
+        finally:
+            getattr(start, "close", lambda: None)()
         record.update(runs=sum(j.action in ("start", "resume") for j in jobs), failed=failed)
     print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
     return 1 if failed else 0

@@ -1,11 +1,8 @@
-"""The tables of a sweep, in markdown (pandas' to_markdown): one home for what the report and the page print.
+"""The tables of a sweep in markdown (pandas' to_markdown): one home for what the report and the page print.
 
-    condition_table(sweep, runs)   per condition: the finals with their intervals, time to the target
-                                   reward, collapses and diagnostics
-    paired_table(sweep, runs)      each condition minus the reference condition, seed by seed
-    lr_table(sweep, runs)          per loss: the widest lr range with no collapsed run, the collapse rate per lr
-    run_table(sweep, runs)         one row per run
-    sweep_markdown(sweep, runs, figures)   a sweep's whole report.md
+condition_table (per condition: the finals with their intervals, time to the target reward, collapses,
+diagnostics), paired_table (each condition minus the reference, seed by seed), settle_table (do the
+curves settle), lr_table (the widest lr range with no collapse, the collapse rate per lr), run_table.
 """
 
 from __future__ import annotations
@@ -23,22 +20,17 @@ from vespo.lab.runs import TARGET_REWARD, TARGET_WINDOW, by_seed
 from vespo.lab.stats import ci_text, mean_ci, paired, rate_ci
 
 LR_AXIS = "lr"
+FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
 
 
 def markdown(rows: list[dict]) -> str:
     return pd.DataFrame(rows).to_markdown(index=False, tablefmt="github", disable_numparse=True) if rows else ""
 
 
-def definitions() -> str:
-    return (
-        f"Mean over seeds with its {stats.CONFIDENCE:.0%} interval in brackets ({stats.METHOD}). Held-out = accuracy "
-        "on the task's held-out problems after the last update (one sample per problem, and greedy); train = training "
-        "reward over the last quarter of the optimizer steps (the same samples at every N). Updates / seconds to "
-        f"{TARGET_REWARD:g} = optimizer steps and training wall time until the training reward over a window of "
-        f"{TARGET_WINDOW} updates first reaches {TARGET_REWARD:g}, over the runs that reach it (how many, in "
-        f"parentheses, when not all). {collapse.describe()}; a run stopped for non-finite updates counts "
-        "as reward 0. KL k3 = mean(exp(d) - 1 - d) per token, between the behavior and the updated policy (stale) or "
-        "rollout engine and trainer (engine), over the last quarter.")
+def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
 
 
 def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None) -> list[tuple[tuple, pd.DataFrame]]:
@@ -46,16 +38,9 @@ def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None) 
     axes = sweep.conditions if axes is None else axes
     if not axes:
         return [((), runs)]
-    groups = list(runs.groupby(axes, sort=False))
-    key = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
-    return sorted(((k if isinstance(k, tuple) else (k,), g) for k, g in groups),
-                  key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(key, kg[0])))
-
-
-def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
-    if x is None or not math.isfinite(x):
-        return "–"
-    return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
+    order = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
+    groups = [(k if isinstance(k, tuple) else (k,), g) for k, g in runs.groupby(axes, sort=False)]
+    return sorted(groups, key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(order, kg[0])))
 
 
 def _agg(values: pd.Series, how: str) -> float:
@@ -66,22 +51,19 @@ def _agg(values: pd.Series, how: str) -> float:
 def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     rows = []
     for key, cell in conditions(sweep, runs):
-        usable = cell[cell.usable]
-        missing = len(cell) - len(usable)
-        reasons = sorted(set(usable[usable.collapsed].reason))
+        u = cell[cell.usable]
+        reasons = ", ".join(sorted(set(u[u.collapsed].reason)))
+        lo, hi = _agg(u.log_w_min, "min"), _agg(u.log_w_max, "max")
         rows.append({**dict(zip(sweep.conditions, key)),
-                     "runs": f"{len(usable)}" + (f" (+{missing} not finished)" if missing else ""),
-                     "held-out sampled": ci_text(mean_ci(by_seed(cell, "eval_sampled"))),
-                     "held-out greedy": ci_text(mean_ci(by_seed(cell, "eval_greedy"))),
-                     "train (last quarter)": ci_text(mean_ci(by_seed(cell, "train_last"))),
+                     "runs": f"{len(u)}" + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
+                     **{name: ci_text(mean_ci(by_seed(cell, m))) for m, name in FINALS.items()},
                      f"updates to {TARGET_REWARD:g}": reached_text(cell, "updates_to_target"),
                      f"seconds to {TARGET_REWARD:g}": reached_text(cell, "seconds_to_target"),
-                     "collapsed": f"{int(usable.collapsed.sum())}/{len(usable)}" + (f" ({', '.join(reasons)})" if reasons else ""),
-                     "max grad norm": num(_agg(usable.max_grad_norm, "max")), "mean ESS": num(_agg(usable.ess, "mean")),
-                     "log W range": "–" if not math.isfinite(_agg(usable.log_w_min, "min") + _agg(usable.log_w_max, "max"))
-                     else f"[{_agg(usable.log_w_min, 'min'):.2f}, {_agg(usable.log_w_max, 'max'):.2f}]",
-                     "stale KL k3": num(_agg(usable.final_kl, "mean"), sci=True),
-                     "engine KL k3": num(_agg(usable.final_engine_kl, "mean"), sci=True)})
+                     "collapsed": f"{int(u.collapsed.sum())}/{len(u)}" + (f" ({reasons})" if reasons else ""),
+                     "max grad norm": num(_agg(u.max_grad_norm, "max")), "mean ESS": num(_agg(u.ess, "mean")),
+                     "log W range": f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo + hi) else "–",
+                     "stale KL k3": num(_agg(u.final_kl, "mean"), sci=True),
+                     "engine KL k3": num(_agg(u.final_engine_kl, "mean"), sci=True)})
     return markdown(rows)
 
 
@@ -96,25 +78,26 @@ def reached_text(runs: pd.DataFrame, metric: str) -> str:
     return ci_text(mean_ci(reached), digits=0) + (f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else "")
 
 
+def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
+    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition."""
+    (axis, ref), = sweep.reference.items()
+    cells = dict(conditions(sweep, runs))
+    for key, cell in cells.items():
+        labels = dict(zip(sweep.conditions, key))
+        if labels[axis] != ref:
+            yield labels, cell, cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions), runs.iloc[:0])
+
+
 def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     """Each condition minus the reference condition with the same other labels, seed by seed."""
     if not sweep.reference:
         return ""
-    (axis, ref), = sweep.reference.items()
-    others, rows = [a for a in sweep.conditions if a != axis], []
-    cells = dict(conditions(sweep, runs))
-    for key, cell in cells.items():
-        labels = dict(zip(sweep.conditions, key))
-        if labels[axis] == ref:
-            continue
-        partner = cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions), runs.iloc[:0])
-        d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in ("eval_sampled", "eval_greedy", "train_last")}
-        rows.append({**{a: labels[a] for a in others}, axis: labels[axis],
-                     "Δ held-out sampled": ci_text(d["eval_sampled"].diff, signed=True),
-                     "Δ held-out greedy": ci_text(d["eval_greedy"].diff, signed=True),
-                     "Δ train (last quarter)": ci_text(d["train_last"].diff, signed=True),
-                     "seeds": str(d["eval_sampled"].diff.n),
-                     "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
+    (axis, _), rows = next(iter(sweep.reference.items())), []
+    for labels, cell, partner in reference_pairs(sweep, runs):
+        d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in FINALS}
+        rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis],
+                     **{f"Δ {name}": ci_text(d[m].diff, signed=True) for m, name in FINALS.items()},
+                     "seeds": str(d["eval_sampled"].diff.n), "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
     return markdown(rows)
 
 
@@ -145,44 +128,34 @@ def lr_points(runs: pd.DataFrame) -> pd.DataFrame:
 
 def widest_stable(points: pd.DataFrame) -> tuple[float, float] | None:
     """(low, high) of the widest run of consecutive stable learning rates."""
-    spans, start = [], None
-    for i, (lr, stable) in enumerate(list(points.stable.items()) + [(None, False)]):
-        if stable and start is None:
-            start = i
-        elif not stable and start is not None:
-            spans.append((points.index[start], points.index[i - 1]))
-            start = None
+    runs = (~points.stable).cumsum()[points.stable]  # one label per run of stable points
+    spans = [(g.index[0], g.index[-1]) for _, g in runs.groupby(runs)]
     return max(spans, key=lambda s: s[1] / s[0]) if spans else None
 
 
 def lr_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     if LR_AXIS not in sweep.conditions:
         return ""
-    others = [a for a in sweep.conditions if a != LR_AXIS]
-    rows = []
+    others, rows = [a for a in sweep.conditions if a != LR_AXIS], []
     for key, cell in conditions(sweep, runs, others):
-        points, span = lr_points(cell), widest_stable(lr_points(cell))
-        rewards = {lr: mean_ci(by_seed(cell[lr_of(cell) == lr], "eval_sampled")) for lr in points.index}
+        points = lr_points(cell)
+        span, rewards = widest_stable(points), {lr: mean_ci(by_seed(cell[lr_of(cell) == lr], "eval_sampled"))
+                                                for lr in points.index}
         best = None if span is None else max((lr for lr in rewards if span[0] <= lr <= span[1]),
                                              key=lambda lr: rewards[lr].mean if math.isfinite(rewards[lr].mean) else -1)
         rows.append({**dict(zip(others, key)), "stable lr range": "none" if span is None else
                      f"{lr_text(span[0])} to {lr_text(span[1])}", "width": "–" if span is None else f"{span[1] / span[0]:.3g}x",
                      "best held-out sampled in it": "–" if best is None else f"{ci_text(rewards[best])} at {lr_text(best)}",
                      f"per lr: collapsed/runs, rate [{stats.CONFIDENCE:.0%} exact interval]": ", ".join(
-                         f"{lr_text(lr)}: {p.collapsed}/{p.runs} " + _rate(p.collapsed, p.runs)
+                         f"{lr_text(lr)}: {p.collapsed}/{p.runs} " + ("" if not p.runs else "[{0.low:.2f}, {0.high:.2f}]"
+                                                                     .format(rate_ci(int(p.collapsed), int(p.runs))))
                          + (f" (+{p.missing})" if p.missing else "") for lr, p in points.iterrows())})
     return markdown(rows)
 
 
-def _rate(k: int, n: int) -> str:
-    r = rate_ci(int(k), int(n))
-    return "" if r.n == 0 else f"[{r.low:.2f}, {r.high:.2f}]"
-
-
 def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     return markdown([{"run": f"`{r.run}`", "status": r.status, "logged steps": str(len(r.record.rows or [])),
-                      "held-out sampled": num(r.eval_sampled), "held-out greedy": num(r.eval_greedy),
-                      "train (last quarter)": num(r.train_last), "best train": num(r.best_reward),
+                      **{name: num(getattr(r, m)) for m, name in FINALS.items()}, "best train": num(r.best_reward),
                       f"updates to {TARGET_REWARD:g}": num(r.updates_to_target, digits=0),
                       "collapse": f"{r.reason} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
                       "max grad norm": num(r.max_grad_norm), "mean ESS": num(r.ess), "final EOS rate": num(r.final_eos),
@@ -190,29 +163,32 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
 
 
 def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
-    """The condition table, the paired differences and the lr range, below the sweep file's description."""
-    lines = [sweep.description, ""] if sweep.description else []
-    lines += [condition_table(sweep, runs), ""]
-    paired_md = paired_table(sweep, runs)
-    if paired_md:
-        (axis, value), = sweep.reference.items()
-        lines += [f"Paired differences against {axis} = {value} (same seed: same warm start and prompt order; "
-                  f"a - reference, mean over seeds with its {stats.CONFIDENCE:.0%} interval):", "", paired_md, ""]
-    settle = settle_table(sweep, runs)
-    if settle:
-        lines += [f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the "
-                  f"updates minus that of the quarter before, with its {stats.CONFIDENCE:.0%} interval: *settled* where "
-                  f"the interval lies within ±{SETTLED_BAND:g}, *still rising* where it lies above 0:", "", settle, ""]
-    lr = lr_table(sweep, runs)
-    if lr:
-        lines += ["Learning-rate range (stable: every run at that lr finished without collapse):", "", lr, ""]
-    return lines
+    """The tables the report and the page print for a sweep, below the sweep file's description."""
+    level = f"{stats.CONFIDENCE:.0%}"
+    parts = [("", condition_table(sweep, runs)),
+             (f"Paired differences against {' = '.join(next(iter(sweep.reference.items()), ''))} (same seed: same warm "
+              f"start and prompt order; a - reference, mean over seeds with its {level} interval):", paired_table(sweep, runs)),
+             (f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the updates "
+              f"minus that of the quarter before, with its {level} interval: *settled* where the interval lies within "
+              f"±{SETTLED_BAND:g}, *still rising* where it lies above 0:", settle_table(sweep, runs)),
+             ("Learning-rate range (stable: every run at that lr finished without collapse):", lr_table(sweep, runs))]
+    return ([sweep.description, ""] if sweep.description else []) + [
+        line for head, table in parts if table for line in ([head, ""] if head else []) + [table, ""]]
+
+
+def definitions() -> str:
+    return (f"Mean over seeds with its {stats.CONFIDENCE:.0%} interval in brackets ({stats.METHOD}). Held-out = accuracy "
+            "on the task's held-out problems after the last update (one sample per problem, and greedy); train = "
+            "training reward over the last quarter of the optimizer steps (the same samples at every N). Updates / "
+            f"seconds to {TARGET_REWARD:g} = optimizer steps and training wall time until the training reward over a "
+            f"window of {TARGET_WINDOW} updates first reaches {TARGET_REWARD:g}, over the runs that reach it (how many, "
+            f"in parentheses, when not all). {collapse.describe()}; a run stopped for non-finite updates counts as "
+            "reward 0. KL k3 = mean(exp(d) - 1 - d) per token, between the behavior and the updated policy (stale) or "
+            "rollout engine and trainer (engine), over the last quarter.")
 
 
 def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
     seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
-    lines = [f"## Sweep `{sweep.name}`", "",
-             f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "") + ". " + definitions(), ""]
-    lines += sweep_tables(sweep, runs) + ["Runs:", "", run_table(sweep, runs), ""]
-    lines += [f"![{f.stem}]({f.name})" for f in figures]
-    return "\n".join(lines) + "\n"
+    lines = [f"## Sweep `{sweep.name}`", "", f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "")
+             + ". " + definitions(), "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]
+    return "\n".join(lines + [f"![{f.stem}]({f.name})" for f in figures]) + "\n"
