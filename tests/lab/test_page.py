@@ -99,7 +99,7 @@ def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
     # vespo - grpo = +0.1 on each of 3 seeds, at both N
     assert "**Synchronous training**" in head
-    assert ("- N = 64, after 16 updates: use **VESPO** (held-out 0.610 [0.593, 0.627]); GRPO behind VESPO by "
+    assert ("- N = 64, held-out sampled accuracy after 16 updates: use **VESPO** (held-out 0.610 [0.593, 0.627]); GRPO behind VESPO by "
             "+0.100 [+0.100, +0.100], higher in 3/3 seeds (supported)") in head
     assert "What this scale cannot say:" in head
 
@@ -113,7 +113,7 @@ def test_the_recommendation_can_name_the_values_of_its_axis_it_holds_at(syntheti
     page = tmp_path / "results.md"
     assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
-    assert "- N = 64, after 16 updates: use **VESPO**" in head and "N = 1" not in head
+    assert "- N = 64, held-out sampled accuracy after 16 updates: use **VESPO**" in head and "N = 1" not in head
     claims.write_text(yaml.safe_dump({"recommend": [{**entry, "at": ["32"]}], "claims": []}))
     assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 2
     assert "recommend[0]: sweep 'staleness' has no axis 'loss' or 'N', or at ['32'] is not on it" in \

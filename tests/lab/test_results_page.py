@@ -74,17 +74,17 @@ def test_the_tables_no_rule_changed_are_the_same(page):
 
 
 def test_the_recommendation_picks_nothing_at_identical_updates_or_among_ties(page):
-    head = page.split("## Recommendation")[1].split("Each line judges")[0]
+    head = page.split("## Recommendation")[1].split("Losses are compared")[0]
     lines = [x for x in head.splitlines() if x.startswith("- ")]
-    n1 = next(x for x in lines if x.startswith("- N = 1, after 512 updates"))
-    assert n1.startswith("- N = 1, after 512 updates: the evidence picks none; identical updates: VESPO = GRPO = "
-                         "DPPO-TV = M2PO = VESPO + ESS step = DPPO-KL = GRPO + ESS step")
+    n1 = next(x for x in lines if x.startswith("- N = 1, held-out sampled accuracy after 512 updates"))
+    assert n1.startswith("- N = 1, held-out sampled accuracy after 512 updates: the evidence picks none; identical "
+                         "updates: VESPO = GRPO = DPPO-TV = M2PO = VESPO + ESS step = DPPO-KL = GRPO + ESS step")
     assert not any("use **GRPO + ESS step**" in x or "use **DPPO-KL**" in x or "use **GRPO**" in x for x in lines)
     for x in lines:  # a loss behind another is never among the tied
         tied = re.search(r"tied(?: with them)?: ([^;]+)", x)
         behind = re.findall(r"; ([^;]+?) behind ", x)
         assert not tied or not set(tied.group(1).split(", ")) & set(behind), x
-    assert all(re.match(r"- (N = \d+, )?after \d+ updates: ", x) for x in lines)
+    assert all(re.match(r"- (N = \d+, )?held-out sampled accuracy after \d+ updates: ", x) for x in lines)
 
 
 def test_the_collapse_rule_is_measured_against_what_it_can_miss(page):

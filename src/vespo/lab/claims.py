@@ -64,12 +64,12 @@ class Test:
         return (AGREES if self.side > 0 else DISAGREES) if self.adjusted < FAMILY_ERROR else UNRESOLVED
 
 
-def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan, count: str = "higher in") -> Test:
+def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan) -> Test:
     """The t-test of a comparison against its claim's line: 0 (greater, less, report), the margin
     (at_least), or both -m and +m (within: inside both, or outside the nearer one)."""
     x, ci = d.values.to_numpy(dtype=float), d.diff
     text = "no common seeds" if not ci.n else \
-        f"{ci_text(ci, signed=True)}{'' if ci.resolved else ' (one seed)'}, {ci.n} seeds, {count} {d.wins}"
+        f"{ci_text(ci, signed=True)}{'' if ci.resolved else ' (one seed)'}, {ci.n} seeds, higher in {d.wins}"
     if expect == "within":
         inside, on = abs(ci.mean) < margin, np.abs(x) < margin
         p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
@@ -121,7 +121,7 @@ class Claim(BaseModel):
         return math.nan if isinstance(self.expect, str) else float(next(iter(self.expect.values())))
 
     def sides(self) -> list[Where]:
-        return [self.a, *self.b]
+        return [self.a, *self.b] if hasattr(self, "a") else [self.select]
 
     def readings(self) -> list[str]:
         return [self.metric, *(m for m in READINGS if m != self.metric)] if self.metric in READINGS else [self.metric]
@@ -177,19 +177,6 @@ class Across(Compare):
                 for lo, hi in zip(series, list(series)[1:])]
 
 
-class Level(Claim):
-    """A condition's own value over seeds (e.g. eval_rise)."""
-
-    select: list[Where]
-
-    def sides(self) -> list[Where]:
-        return self.select
-
-    def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
-        return [paired_test(_text(w), Paired(by_seed(select(runs, w), metric).dropna()), self.kind, self.margin,
-                            "above 0 in") for w in self.select]
-
-
 class Stabler(Claim):
     """a collapses less than each b, runs paired by seed and `over` value (McNemar's exact test)."""
 
@@ -227,9 +214,6 @@ class Collapses(Claim):
         if self.kind == "none" and self.control is None:
             raise ValueError("a 'none' collapse claim needs a control: {sweep, where} selecting runs where the rule "
                              "fires (otherwise 'no collapse' says nothing about the loss)")
-
-    def sides(self) -> list[Where]:
-        return [self.select]
 
     def judge(self, runs: pd.DataFrame) -> Verdict:
         mine = select(runs[(runs.sweep == self.sweep) & runs.usable], self.select)
@@ -269,8 +253,7 @@ def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
                 else "falling" if ci.high < 0 else "not shown to settle")
 
 
-KINDS: dict[str, type[Claim]] = {"compare": Compare, "across": Across, "level": Level, "stabler": Stabler,
-                                 "collapses": Collapses}
+KINDS: dict[str, type[Claim]] = {"compare": Compare, "across": Across, "stabler": Stabler, "collapses": Collapses}
 
 
 # ---------------------------------------------------------------- the file
@@ -308,7 +291,7 @@ def parse_claim(entry: Any, where: str) -> Claim:
             raise ClaimsError(f"{where}: {kind} must be a mapping {{a: ..., b: ...}}")
         body = {**body, **({"b": body["b"] if isinstance(body["b"], list) else [body["b"]]} if "b" in body else {})}
     else:
-        body = {"select": body if kind == "collapses" or isinstance(body, list) else [body]}
+        body = {"select": body}
     try:
         return KINDS[kind].model_validate({**{k: v for k, v in entry.items() if k != kind}, **body, "where": where})
     except ValidationError as e:
@@ -405,7 +388,7 @@ def measured(v: Verdict) -> str:
     if not v.readings:
         return v.text
     (metric, tests), *others = v.readings.items()
-    head = "collapses" if metric == "collapsed" else metric if isinstance(v.claim, Level) else f"{metric} difference"
+    head = "collapses" if metric == "collapsed" else f"{metric} difference"
     text = f"{head}: " + "; ".join(f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted)
                                                           else "") for t in tests)
     if v.verdict == DEPENDS:

@@ -49,7 +49,7 @@ class Pick:
     ahead: dict[tuple[int, int], Paired] = field(default_factory=dict)  # (i, j): group i ahead of j, i - j
     collapsed: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (collapsed, usable runs)
     level: Interval | None = None  # the named loss's held-out accuracy
-    rising: list[str] = field(default_factory=list)  # candidates whose curves still rise at this budget
+    settling: dict[str, str] = field(default_factory=dict)  # name -> settled | still rising | ... (claims.settling)
 
     @property
     def named(self) -> str | None:
@@ -105,7 +105,7 @@ def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
         usable = cell[cell.usable]
         if usable.collapsed.any():
             out.collapsed[n] = (int(usable.collapsed.sum()), len(usable))
-    out.rising = [n for n, cell in cells.items() if settling(cell)[1] == "still rising"]
+    out.settling = {n: settling(cell)[1] for n, cell in cells.items()}
     if out.named is not None:
         out.level = mean_ci(by_seed(cells[out.named], METRIC))
     return out
@@ -127,7 +127,7 @@ def recommendation_markdown(picks: list[Pick]) -> str:
     for setting in dict.fromkeys(p.setting for p in picks):
         lines += [f"**{setting[0].upper() + setting[1:]}**", ""]
         lines += [f"- {_advice(p)}" for p in picks if p.setting == setting] + [""]
-    lines += [f"Each line judges held-out sampled accuracy after the updates it names. Losses are compared two by two "
+    lines += [f"Losses are compared two by two "
               f"on the seeds both have (paired t-test, Holm over the line's pairs, family-wise error {FAMILY_ERROR:.0%}); "
               "a difference is the loss ahead minus the other, with its 90% interval and how many seeds it is higher in "
               f"(*robust*: at least {ROBUST_SHARE:.0%} of at least {ROBUST_SEEDS}). A loss is named only when it is ahead "
@@ -141,7 +141,7 @@ def _advice(p: Pick) -> str:
     def names(i: int) -> str:
         return " = ".join(display_name(n) for n in p.groups[i])
 
-    head = (p.at + ", " if p.at else "") + f"after {p.updates} updates: "
+    head = (p.at + ", " if p.at else "") + f"held-out sampled accuracy after {p.updates} updates: "
     if p.named is not None:
         text = head + f"use **{display_name(p.named)}** (held-out {ci_text(p.level)})"
     else:
@@ -160,8 +160,10 @@ def _advice(p: Pick) -> str:
                          f"({label})")
     if parts:
         text += "; " + "; ".join(parts)
-    if p.rising:
-        text += f"; still rising at this budget: {len(p.rising)} of {sum(map(len, p.groups))} losses"
+    words = list(p.settling.values())
+    if any(w != "–" for w in words):
+        text += f"; curves at this budget: {words.count('settled')} of {len(words)} settled, " \
+                f"{words.count('still rising')} still rising"
     if p.collapsed:
         text += "; collapsed runs: " + ", ".join(f"{display_name(n)} {k}/{m}" for n, (k, m) in p.collapsed.items())
     return text
