@@ -3,7 +3,7 @@ optimizer steps at every N; and the rule's simulated misses and false positives 
 
 import pytest
 
-from vespo.lab import simulate
+from vespo.lab import collapse
 from vespo.lab.collapse import PREVIOUS, Collapse, CollapseRule, collapse_of_rows, describe, detect_collapse, \
     evidence_of_rows
 
@@ -136,11 +136,11 @@ def test_the_old_false_positive_is_not_a_collapse():
 
 
 def test_the_rule_misses_at_most_one_collapse_in_ten_on_the_labs_schedules():
-    """Simulated (vespo.lab.simulate): falls to a half down to a third, caught at 4 and at 8 evaluation
+    """Simulated (vespo.lab.collapse.rates): falls to a half down to a third, caught at 4 and at 8 evaluation
     points at least 9 times in 10 (2000 runs: Monte-Carlo SD ~0.5%), stable runs and recovering dips
     flagged rarely; the previous rule (half the best for two evaluations) missed far more."""
-    now = {(r.scenario, r.points): r.flagged for r in simulate.rates(runs=2000, seed=1)}
-    before = {(r.scenario, r.points): r.flagged for r in simulate.rates(PREVIOUS, runs=2000, seed=1)}
+    now = {(r.scenario, r.points): r.flagged for r in collapse.rates(runs=2000, seed=1)}
+    before = {(r.scenario, r.points): r.flagged for r in collapse.rates(PREVIOUS, runs=2000, seed=1)}
     for points in (4, 8):
         assert now[("collapse to a half down to a third", points)] >= 0.92
         assert before[("collapse to a half down to a third", points)] < 0.7

@@ -138,7 +138,8 @@ def test_the_experiments_vary_what_they_say(shipped_points):
         assert {c.staleness.behavior for c in by[stem]} == {"recompute"}
         # the mismatch, and a control without it
         assert {c.rollout.engine_dtype for c in by[stem]} == {"bfloat16", "float32"}
-    assert {c.model.arch for c in by["mismatch"]} == {"qwen3_moe"} and {c.model.arch for c in by["mismatch_dense"]} == {"qwen3"}
+    assert {c.model.arch for c in by["mismatch"]} == {"qwen3_moe"}
+    assert {c.model.arch for c in by["mismatch_dense"]} == {"qwen3"}
 
 
 def test_exclude_leaves_out_matching_points(tmp_path):

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from vespo.lab import collapse, report, simulate, stats, tables
+from vespo.lab import collapse, report, stats, tables
 from vespo.lab.runs import read_lab
 
 from conftest import cells
@@ -81,7 +81,7 @@ def test_the_page_says_how_numbers_are_judged_from_the_code(synthetic, tmp_path)
     for c in stats.coverage_table():
         assert f"{c.covered:.1%} (wholly above: {c.above:.1%})" in text
     assert collapse.describe() in text
-    for r in simulate.rates():
+    for r in collapse.rates():
         assert f"{r.flagged:.1%}" in text
     sweeps, runs = read_lab([st.dir])
     sweep = sweeps["staleness"]
@@ -99,7 +99,8 @@ def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
     # vespo - grpo = +0.1 on each of 3 seeds, at both N
     assert "**Synchronous training**" in head
-    assert ("- N = 64, held-out sampled accuracy after 16 updates: use **VESPO** (held-out 0.610 [0.593, 0.627]); GRPO behind VESPO by "
+    assert ("- N = 64, held-out sampled accuracy after 16 updates: use **VESPO** (held-out 0.610 [0.593, 0.627]); "
+            "GRPO behind VESPO by "
             "+0.100 [+0.100, +0.100], higher in 3/3 seeds (supported)") in head
     assert "What this scale cannot say:" in head
 

@@ -35,10 +35,12 @@ def test_a_loss_is_named_only_when_it_is_ahead_of_every_other(synthetic):
     p = pick("sync", "", runs, "loss")
     # vespo is ahead of grpo (-0.05 on every seed) but not of sapo (+-0.06 around grpo): nothing is named
     assert p.named is None and [p.groups[i] for i in p.top] == [["vespo"], ["sapo"]]
-    assert _line(p) == ("- held-out sampled accuracy after 4 updates: the evidence picks none; tied: VESPO, SAPO; GRPO behind VESPO by "
-                        "+0.050 [+0.050, +0.050], higher in 6/6 seeds (robust); curves at this budget: 3 of 3 settled, 0 still rising")
+    assert _line(p) == ("- held-out sampled accuracy after 4 updates: the evidence picks none; tied: VESPO, SAPO; GRPO "
+                        "behind VESPO by +0.050 [+0.050, +0.050], higher in 6/6 seeds (robust); curves at this budget: "
+                        "3 of 3 settled, 0 still rising")
     alone = pick("sync", "", runs[runs.loss != "sapo"], "loss")
-    assert alone.named == "vespo" and _line(alone).startswith("- held-out sampled accuracy after 4 updates: use **VESPO** (held-out 0.575 [")
+    assert alone.named == "vespo"
+    assert _line(alone).startswith("- held-out sampled accuracy after 4 updates: use **VESPO** (held-out 0.575 [")
 
 
 def test_means_over_different_seed_sets_do_not_rank(synthetic):

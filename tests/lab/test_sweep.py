@@ -172,7 +172,8 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
     assert killed["command"] == "vespo sweep killed" and killed["end"] is None and killed["interrupted"] is None
     assert killed["seconds"] > 0 and killed["start"] <= killed["last_seen"]
     assert resumed["command"] == "vespo sweep resumed" and resumed["end"] and resumed["interrupted"] is False
-    assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], pd.DataFrame({"record": []}))
+    no_runs = pd.DataFrame({"record": []})
+    assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], no_runs)
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):

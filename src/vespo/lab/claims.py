@@ -164,7 +164,8 @@ class Across(Compare):
 
     def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
         return [(f"{self.over}={v}" + (f" vs {_text(b, self.a)}" if _text(b, self.a) else ""), {self.over: v, **self.a},
-                 {self.over: v, **b}) for b in self.b for v in self.values(runs) if {self.over: v, **self.a} != {self.over: v, **b}]
+                 {self.over: v, **b}) for b in self.b for v in self.values(runs)
+                if {self.over: v, **self.a} != {self.over: v, **b}]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
         if self.kind not in ("increasing", "decreasing"):
@@ -193,8 +194,10 @@ class Stabler(Claim):
         a = select(usable, self.a).set_index([SEED_AXIS, self.over])["collapsed"]
         for b in self.b:
             both = pd.concat([a, select(usable, b).set_index([SEED_AXIS, self.over])["collapsed"]], axis=1, join="inner")
-            only_a, only_b = int((both.iloc[:, 0] & ~both.iloc[:, 1]).sum()), int((~both.iloc[:, 0] & both.iloc[:, 1]).sum())
-            text = f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs {only_b}"
+            x, y = both.iloc[:, 0], both.iloc[:, 1]
+            only_a, only_b = int((x & ~y).sum()), int((~x & y).sum())
+            text = f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs " \
+                f"{only_b}"
             out.append(Test(f"vs {_text(b, self.a)}", text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1,
                             len(both), max(only_a, only_b) / max(1, only_a + only_b)))
         return out
@@ -209,7 +212,8 @@ class Collapses(Claim):
 
     def model_post_init(self, _: Any) -> None:
         super().model_post_init(_)
-        if self.control is not None and (set(self.control) != {"sweep", "where"} or not isinstance(self.control["where"], dict)):
+        c = self.control
+        if c is not None and (set(c) != {"sweep", "where"} or not isinstance(c["where"], dict)):
             raise ValueError("control must be {sweep: NAME, where: {axis: value}}")
         if self.kind == "none" and self.control is None:
             raise ValueError("a 'none' collapse claim needs a control: {sweep, where} selecting runs where the rule "
@@ -228,7 +232,8 @@ class Collapses(Claim):
         control = select(runs[(runs.sweep == self.control["sweep"]) & runs.usable], self.control["where"])
         name = f"{self.control['sweep']} {_text(self.control['where'])}"
         if control.empty:
-            return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire", verdict=UNRESOLVED)
+            return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire",
+                           verdict=UNRESOLVED)
         text += f"; control ({name}): {collapse_text(control)}"
         if not control.collapsed.any() and verdict == AGREES:
             return Verdict(self, text=text + ": the rule fired in no control run, so 'no collapse' says nothing",

@@ -1,25 +1,18 @@
-"""Collapse detection: did a run die, and when? Judged on the same evidence at every N.
+"""Collapse detection: did a run die, and when? Judged on the same evidence at every N, and the rule's
+error rates on simulated runs of the lab's own schedules.
 
-The evidence is a series of points taken after the same optimizer steps in every run:
+The evidence is a series of points taken after the same optimizer steps in every run: the held-out
+evaluations the trainer makes every run.eval_every_updates updates (the lab: every 64 on 256 problems),
+the evaluation before training the starting best; for a run without them, the training reward over
+windows of ``rule.every`` updates (the same samples at every N). The EOS rate and skipped updates are
+read over the same windows. A run has collapsed when the first of these happens: **nonfinite** (an update
+skipped for a non-finite loss or gradient, or the trainer stopped the run for it), **reward** (below
+``fraction`` x its best so far through the last ``patience`` points or more), **eos** (the share of
+responses ending with EOS below ``eos_floor`` as long).
 
-    held-out   the held-out evaluations the trainer makes every run.eval_every_updates updates
-               (rows with eval/reward_sampled; the lab: every 64 updates on 256 problems), with the
-               evaluation before training as the starting best
-    train      for a run without them: the training reward averaged over windows of ``rule.every``
-               updates (under the paper's protocol a window holds the same samples at every N)
-
-The EOS rate and skipped updates are read over the same windows. A run has collapsed when the first
-of these happens:
-
-    nonfinite   an update had a non-finite loss or gradient (optim/n_skipped > 0), or the trainer
-                stopped the run for it
-    reward      the evidence fell below ``fraction`` x its best so far and stayed below through the
-                last point, for at least ``patience`` points
-    eos         the share of responses that end with EOS fell below ``eos_floor`` and stayed there as long
-
-RULE is chosen from simulated runs on the lab's own schedules (vespo.lab.simulate): falls to a half
-down to a third of the accuracy, caught at 4 and at 8 evaluation points with at most 1 miss in 10.
-PREVIOUS (half the best, two points) missed 4 in 10 of them; the page prints both rates.
+RULE catches 19 in 20 falls to a half down to a third at 4 and at 8 evaluations (`rates`); PREVIOUS (half
+the best for two evaluations) missed 4 to 6 in 10. A simulated run: a rising true accuracy with a slow
+AR(1) wobble on the logit scale, evaluations drawn binomially; scenarios SCENARIOS.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -137,3 +131,65 @@ def collapse_of_rows(rows: list[dict], n: int = 1, before: float | None = None, 
         return Collapse(False, evidence=ev.source)
     update = ev.updates[min(c.step, len(ev.updates)) - 1] if ev.updates else 0
     return Collapse(True, c.reason, c.step, update, ev.source)
+
+
+# ---------------------------------------------------------------- the rule on simulated runs
+
+
+EVERY, EVAL_PROBLEMS, BEFORE_PROBLEMS = RULE.every, 256, 1024  # the lab's evaluations
+SCHEDULES = (256, 512)  # run lengths in updates: 4 and 8 evaluation points
+START, END_RANGE, WOBBLE_UPDATES = 0.3, (0.6, 0.85), 32
+DEPTHS = (1 / 3, 1 / 2)
+SCENARIOS = {"stable, calm (wobble 0.3)": (0.3, "none"), "stable, large swings (wobble 0.6)": (0.6, "none"),
+             "a dip to a third that recovers": (0.3, "dip"),
+             "collapse to a half down to a third": (0.3, "collapse")}
+
+
+@dataclass(frozen=True)
+class Rate:
+    scenario: str
+    points: int  # evaluations during the run
+    flagged: float  # share of runs the rule called collapsed
+    runs: int
+
+
+def true_accuracy(rng: np.random.Generator, runs: int, wobble: float, fall: str, updates: int) -> np.ndarray:
+    """p(u) for u = 0 .. updates: [runs, updates + 1]; fall is "none", "dip" or "collapse"."""
+    u = np.arange(updates + 1)  # [U + 1]
+    end = rng.uniform(*END_RANGE, size=(runs, 1))  # [runs, 1]
+    rise = (1 - np.exp(-3 * u / updates)) / (1 - math.exp(-3))  # [U + 1], 0 -> 1
+    logit = _logit(START) + (_logit(end) - _logit(START)) * rise  # [runs, U + 1]
+    rho = math.exp(-1 / WOBBLE_UPDATES)
+    noise = rng.standard_normal((runs, updates + 1)) * wobble * math.sqrt(1 - rho ** 2)
+    w = np.zeros((runs, updates + 1))
+    for i in range(1, updates + 1):
+        w[:, i] = rho * w[:, i - 1] + noise[:, i]
+    p = 1 / (1 + np.exp(-(logit + w)))
+    if fall == "collapse":
+        at = rng.integers(EVERY, updates, size=runs)  # [runs]
+        depth = rng.uniform(*DEPTHS, size=runs)  # [runs]
+        p = np.where(u[None, :] >= at[:, None], (p[np.arange(runs), at] * depth)[:, None], p)
+    elif fall == "dip":
+        length = rng.integers(16, 129, size=runs)  # [runs]
+        at = (rng.uniform(size=runs) * (updates - length)).astype(int)  # recovers before the end
+        p = np.where((u[None, :] >= at[:, None]) & (u[None, :] < (at + length)[:, None]), p / 3, p)
+    return p
+
+
+@lru_cache(maxsize=8)
+def rates(rule: CollapseRule = RULE, runs: int = 1000, seed: int = 0) -> tuple[Rate, ...]:
+    """The share of simulated runs the rule flags, per scenario and schedule."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for updates in SCHEDULES:
+        for scenario, (wobble, fall) in SCENARIOS.items():
+            p = true_accuracy(rng, runs, wobble, fall, updates)
+            before = rng.binomial(BEFORE_PROBLEMS, p[:, 0]) / BEFORE_PROBLEMS  # [runs]
+            points = rng.binomial(EVAL_PROBLEMS, p[:, EVERY::EVERY]) / EVAL_PROBLEMS  # [runs, updates / EVERY]
+            flagged = [detect_collapse(list(points[i]), rule=rule, start=float(before[i])).collapsed for i in range(runs)]
+            out.append(Rate(scenario, points.shape[1], float(np.mean(flagged)), runs))
+    return tuple(out)
+
+
+def _logit(p):
+    return np.log(p / (1 - p))

@@ -23,7 +23,7 @@ import pandas as pd
 from vespo.lab.grid import Sweep
 from vespo.lab.runs import by_seed, select
 from vespo.lab.stats import CONFIDENCE, mean_ci, paired, rate_ci
-from vespo.lab.tables import LR_AXIS, conditions, lr_of, lr_points, lr_text, widest_stable
+from vespo.lab.tables import LR_AXIS, conditions, lr_of, lr_points, lr_text
 from vespo.plot import color_of, display_name
 
 BINS = 32  # windows per run for the curves
@@ -204,8 +204,7 @@ def _final_vs_x(ax, runs: pd.DataFrame, axis: str, labels: list[str], xs: list[f
 
 
 def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_sampled") -> Path:
-    """Top: final reward against the learning rate per loss, the stable range as a bar. Bottom: the
-    collapse rate against the learning rate with its exact interval."""
+    """Top: final reward against the learning rate per loss. Bottom: the collapse rate with its exact interval."""
     plt = _plt()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7.5), sharex=True, constrained_layout=True)
     others = [a for a in sweep.conditions if a != LR_AXIS]
@@ -215,9 +214,6 @@ def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_s
         color, label, points = color_of(name), display_name(name), lr_points(cell)
         cell = cell.assign(lr_value=lr_of(cell).astype(str))
         _final_vs_x(top, cell, "lr_value", [str(x) for x in points.index], list(points.index), metric, label, color)
-        span = widest_stable(points)
-        if span is not None:  # one thin bar per condition along the top
-            top.axvspan(*span, ymin=0.985 - 0.025 * i, ymax=0.995 - 0.025 * i, color=color, alpha=0.8)
         rates = [(lr * 2 ** ((i - (len(groups) - 1) / 2) * 0.03), rate_ci(int(p.collapsed), int(p.runs)))
                  for lr, p in points.iterrows() if p.runs]
         bottom.errorbar([x for x, _ in rates], [r.mean for _, r in rates], fmt="o-", color=color, label=label,
@@ -230,10 +226,9 @@ def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_s
         ax.minorticks_off()
         ax.grid(alpha=0.3)
     top.set_ylabel(metric)
-    top.set_ylim(bottom=-0.03, top=max(top.get_ylim()[1], 0.1) * 1.15)  # room for the bars
     top.legend(fontsize=7, loc="lower left")
     top.set_title(f"{sweep.name}: final reward against the learning rate\n(seed mean, {LEVEL} band; x = collapsed "
-                  "run; bars: the widest range with no collapsed run)", fontsize=9)
+                  "run)", fontsize=9)
     bottom.set(ylabel="collapse rate", ylim=(-0.05, 1.05), xlabel="learning rate")
     bottom.set_title(f"collapse rate against the learning rate ({LEVEL} exact interval)", fontsize=9)
     fig.savefig(out, dpi=100)

@@ -122,7 +122,8 @@ class Sweep:
         for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
             labels = {a.label: a.values[i] for a, i in zip(self.axes, combo)}
             if not excluded(labels, self.exclude):
-                out.append(GridPoint(labels, self.overrides + [o for a, i in zip(self.axes, combo) for o in a.overrides[i]]))
+                ov = [o for a, i in zip(self.axes, combo) for o in a.overrides[i]]
+                out.append(GridPoint(labels, self.overrides + ov))
         return out
 
     def record(self) -> dict:

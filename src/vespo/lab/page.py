@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from vespo.lab import claims as cl
-from vespo.lab import collapse, simulate, stats
+from vespo.lab import collapse, stats
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
@@ -133,7 +133,8 @@ def noise_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
     p = float(usable.eval_sampled.mean())
     sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
     diffs = np.array([abs(stats.paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
-                      for name, s in sweeps.items() if s.reference for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
+                      for name, s in sweeps.items() if s.reference
+                      for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]
     return [f"**Evaluation noise.** One final evaluation on {problems} problems has a binomial SD of "
             f"{sd / math.sqrt(2):.3f} at the lab's mean accuracy {p:.2f} (at most {0.5 / math.sqrt(problems):.3f}), a "
@@ -144,11 +145,12 @@ def noise_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
 
 
 def collapse_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
-    now, before = simulate.rates(collapse.RULE), simulate.rates(collapse.PREVIOUS)
+    now, before = collapse.rates(collapse.RULE), collapse.rates(collapse.PREVIOUS)
     rows = [{"simulated run": s, **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in now if r.scenario == s}}
-            for s in simulate.SCENARIOS]
+            for s in collapse.SCENARIOS]
     rows.append({"simulated run": "the same collapse, flagged by the previous rule (half the best, 2 evaluations)",
-                 **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in before if r.scenario.startswith("col")}})
+                 **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in before
+                    if r.scenario.startswith("col")}})
     usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
     fell = usable.eval_sampled < 0.5 * usable.warm_start  # the independent criterion
     missed, extra, healthy = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed], \
@@ -158,12 +160,12 @@ def collapse_section(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[str]:
              and c.collapsed.any()]
     names = lambda frame: "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "  # noqa: E731
                                     f"{r.warm_start:.3f})" for r in frame.itertuples()) or "none"
-    return [f"**Collapse.** {collapse.describe()}. The rule was chosen on simulated runs (vespo.lab.simulate, "
+    return [f"**Collapse.** {collapse.describe()}. The rule was chosen on simulated runs (vespo.lab.collapse, "
             f"{now[0].runs} per row) with the lab's own schedules, 4 evaluations (the lr ranges' 256 updates) and 8 (512 "
             "updates): on runs that do not collapse the share flagged is a false-positive rate, on runs that collapse "
             "one minus it is the miss rate; the previous rule missed far more than 1 in 10.", "", markdown(rows), "",
             f"Checked on the sweeps' {len(usable)} finished runs against an independent criterion, the final evaluation "
-            f"on {simulate.BEFORE_PROBLEMS} problems below half the warm start's: it calls {int(fell.sum())} runs "
+            f"on {collapse.BEFORE_PROBLEMS} problems below half the warm start's: it calls {int(fell.sum())} runs "
             f"collapsed, and the rule missed {len(missed)} of them, {ci_text(rate_ci(len(missed), int(fell.sum())))} "
             f"(exact {stats.CONFIDENCE:.0%} interval): {names(missed)}. Of the {len(healthy)} runs that ended at or above "
             f"their warm start the rule flagged {int(healthy.collapsed.sum())}, "
@@ -232,7 +234,8 @@ def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, re
     if s:
         lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", ""]
         lines += [f"    {c}" for c in dict.fromkeys(x["command"] for x in s)]
-        lines += ["", f"Ran from {_when(s[0].get('start', '?'))} to {_when(s[-1].get('end') or s[-1].get('last_seen') or '?')}"
+        end = s[-1].get("end") or s[-1].get("last_seen") or "?"
+        lines += ["", f"Ran from {_when(s[0].get('start', '?'))} to {_when(end)}"
                       f"; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
     else:
         lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]

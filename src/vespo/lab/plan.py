@@ -54,8 +54,9 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
     for point in (p for p in sweep.points() if all(p.labels[a] in v for a, v in (only or {}).items())):
         cfg = _config(sweep, out, point)
         mini = cfg.prompts_per_minibatch * cfg.rollout.group_size
+        rollout = cfg.prompts_per_step * cfg.rollout.group_size
         protocol = {"N": cfg.staleness.n, "mini-batch": f"{cfg.prompts_per_minibatch} prompts x {cfg.rollout.group_size} "
-                    f"= {mini}", "rollout batch": f"{cfg.prompts_per_step} prompts = {cfg.prompts_per_step * cfg.rollout.group_size}",
+                    f"= {mini}", "rollout batch": f"{cfg.prompts_per_step} prompts = {rollout}",
                     "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
                     "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
         jobs.append(Job(point, out / point.name, _action(out / point.name, retry_failed), _warm_key(cfg), protocol))
@@ -111,9 +112,9 @@ def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
     print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
     pending, c = counts["start"] + counts["resume"], sweep.cost
     if c is not None and pending:
+        asked = f"; you asked for --jobs {n_jobs}" if n_jobs != c.jobs else ""
         print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min (the sweep file "
-              f"assumes {c.run_s:g} s per run with {c.jobs} at a time" + (f"; you asked for --jobs {n_jobs}" if n_jobs
-                                                                          != c.jobs else "") + (f"; {c.note}" if c.note else "") + ")")
+              f"assumes {c.run_s:g} s per run with {c.jobs} at a time{asked}" + (f"; {c.note}" if c.note else "") + ")")
     table = pd.DataFrame([{"action": j.action, "run": j.point.name, **(j.protocol or {})} for j in jobs])
     print("\n".join("  " + line.rstrip() for line in table.to_string(index=False, justify="left").splitlines()))
 

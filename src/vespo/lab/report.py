@@ -7,8 +7,8 @@
 A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). report.md
 gives per condition the final held-out accuracy (sampled and greedy) and the training reward over the
 last quarter with their intervals over seeds, the time to a target reward, collapses and diagnostics;
-each condition minus the reference condition, paired by seed; with an lr axis the stable learning-rate
-range and the collapse rate per lr; then one row per run (vespo.lab.tables). Figures: vespo.lab.figures.
+each condition minus the reference condition, paired by seed; whether the curves settle; with an lr
+axis the collapse rate per lr; then one row per run (vespo.lab.tables). Figures: vespo.lab.figures.
 Beside them runs.json.gz, the sweep's archive (vespo.lab.runs). With --page, every sweep's report goes
 to results/<name>/ beside the page, and the page gets the recommendation, the claims and the rest
 (vespo.lab.page).
@@ -26,7 +26,8 @@ from vespo.lab.runs import ARCHIVE, read_lab
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vespo report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="vespo report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                    help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a folder holding one)")
     p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with --page: "

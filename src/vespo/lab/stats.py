@@ -1,21 +1,11 @@
-"""Statistics over seeds: a t-interval and t-test for a mean and for paired differences, Holm's
-correction over a family of tests, exact tests and intervals for counts, and the interval's coverage
-measured by simulation.
+"""Statistics over seeds: a t-interval and t-test for a mean and for paired differences, Holm's correction,
+exact tests and intervals for counts, and the interval's coverage measured by simulation.
 
-    mean_ci([0.41, 0.52, 0.47, 0.50, 0.39])          Interval(mean=0.458, low=.., high=.., n=5)
-    d = paired(a, b)                                   a - b seed by seed (pd.Series indexed by seed)
-    p_value(d.values, 0.0)                             two-sided t-test of the mean difference against 0
-    holm([0.01, 0.04, 0.3])                            Holm-adjusted p-values
-    rate_ci(3, 10); coverage_table()
-
-Why a t-interval: a lab cell has 3-10 seeds. At such n the percentile bootstrap is far too narrow
-(a nominal 90% interval covers about 62% of the time at 3 seeds and 79% at 5 on normal data), BCa
-and the studentised bootstrap need more values than that to be stable, and an exact sign-flip test
-cannot reach a two-sided 10% level below 5 seeds. The t-interval is exact for normal data at any
-n >= 2; on skewed data, and where some runs collapse, it covers less, and `coverage_table` measures
-how much. A verdict is a test against the claim's line at the same level as the interval shown
-(p < 1 - CONFIDENCE two-sided <=> the 90% interval excludes the line), corrected by Holm over the
-page's tests: FAMILY_ERROR is the chance that any verdict of the family is a false one.
+Why a t-interval: a lab cell has 3-10 seeds, where the percentile bootstrap is far too narrow (a nominal
+90% interval covers ~62% of the time at 3 seeds), BCa and the studentised bootstrap are unstable and an
+exact sign-flip test cannot reach a two-sided 10% level below 5 seeds. The t-interval is exact for normal
+data; `coverage_table` measures what skewed data and collapsing runs get. A verdict is the t-test at the
+interval's level (p < 1 - CONFIDENCE <=> the interval excludes the line), Holm-corrected over a family.
 """
 
 from __future__ import annotations
@@ -61,8 +51,7 @@ class Paired:
 
 
 def ci_text(ci: Interval | None, signed: bool = False, digits: int = 3) -> str:
-    """The one interval formatter: "0.512 [0.470, 0.551]"; "+0.031 [-0.010, +0.070]" when signed; a lone
-    value without an interval; "–" for none."""
+    """The one interval formatter: "0.512 [0.470, 0.551]"; signed "+0.031 [-0.010, +0.070]"; "–" for none."""
     if ci is None or ci.n == 0 or not math.isfinite(ci.mean):
         return "–"
     f = ("{:+." if signed else "{:.") + f"{digits}f}}"
@@ -78,7 +67,6 @@ def t_interval(x: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarra
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean of the finite values with its t-interval."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)  # [n]
     if x.size < MIN_SEEDS:
         return Interval(float(x.mean()) if x.size else math.nan, math.nan, math.nan, int(x.size))
@@ -86,8 +74,7 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval
     return Interval(float(mean), float(low), float(high), int(x.size))
 
 
-def paired(a: pd.Series, b: pd.Series) -> Paired:
-    """a - b seed by seed over the seeds where both are finite."""
+def paired(a: pd.Series, b: pd.Series) -> Paired:  # a - b on the seeds where both are finite
     d = (a - b).dropna()
     return Paired(d[np.isfinite(d)])
 
@@ -113,16 +100,14 @@ def holm(p: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
-def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
-    """A rate k / n with its Clopper-Pearson interval (exact: covers at least ``confidence``)."""
+def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:  # k / n with its exact (Clopper-Pearson) interval
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
     return Interval(k / n, float(ci.low), float(ci.high), n)
 
 
-def exact_paired_p(only_a: int, only_b: int) -> float:
-    """McNemar's exact test: of the pairs where one side alone had the event, are the two counts equal?"""
+def exact_paired_p(only_a: int, only_b: int) -> float:  # McNemar's exact test on the discordant pairs
     return 1.0 if only_a + only_b == 0 else float(sps.binomtest(only_a, only_a + only_b).pvalue)
 
 

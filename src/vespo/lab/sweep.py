@@ -28,7 +28,8 @@ from vespo.lab.provenance import session
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vespo sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="vespo sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="sweep file (YAML)")
     p.add_argument("--out", required=True, help="sweep directory (one run directory per grid point)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")

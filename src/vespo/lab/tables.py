@@ -2,7 +2,7 @@
 
 condition_table (per condition: the finals with their intervals, time to the target reward, collapses,
 diagnostics), paired_table (each condition minus the reference, seed by seed), settle_table (do the
-curves settle), lr_table (the widest lr range with no collapse, the collapse rate per lr), run_table.
+curves settle), lr_table (the collapse rate at each learning rate), run_table.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
         d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in FINALS}
         rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis],
                      **{f"Δ {name}": ci_text(d[m].diff, signed=True) for m, name in FINALS.items()},
-                     "seeds": str(d["eval_sampled"].diff.n), "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
+                     "seeds": str(d["eval_sampled"].diff.n),
+                     "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
     return markdown(rows)
 
 
@@ -120,37 +121,21 @@ def lr_of(runs: pd.DataFrame) -> pd.Series:
 
 
 def lr_points(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per learning rate (ascending): runs, missing, collapsed, stable (every run finished, none collapsed)."""
+    """Per learning rate (ascending): usable runs, runs not finished, collapsed runs."""
     out = runs.assign(lr_value=lr_of(runs), dead=runs.collapsed & runs.usable).groupby("lr_value").agg(
         runs=("usable", "sum"), total=("usable", "size"), collapsed=("dead", "sum"))
-    return out.assign(missing=out.total - out.runs, stable=(out.runs > 0) & (out.total == out.runs) & (out.collapsed == 0))
-
-
-def widest_stable(points: pd.DataFrame) -> tuple[float, float] | None:
-    """(low, high) of the widest run of consecutive stable learning rates."""
-    runs = (~points.stable).cumsum()[points.stable]  # one label per run of stable points
-    spans = [(g.index[0], g.index[-1]) for _, g in runs.groupby(runs)]
-    return max(spans, key=lambda s: s[1] / s[0]) if spans else None
+    return out.assign(missing=out.total - out.runs)
 
 
 def lr_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Per condition but the lr, the collapse rate at each lr with its exact interval."""
     if LR_AXIS not in sweep.conditions:
         return ""
-    others, rows = [a for a in sweep.conditions if a != LR_AXIS], []
-    for key, cell in conditions(sweep, runs, others):
-        points = lr_points(cell)
-        span, rewards = widest_stable(points), {lr: mean_ci(by_seed(cell[lr_of(cell) == lr], "eval_sampled"))
-                                                for lr in points.index}
-        best = None if span is None else max((lr for lr in rewards if span[0] <= lr <= span[1]),
-                                             key=lambda lr: rewards[lr].mean if math.isfinite(rewards[lr].mean) else -1)
-        rows.append({**dict(zip(others, key)), "stable lr range": "none" if span is None else
-                     f"{lr_text(span[0])} to {lr_text(span[1])}", "width": "–" if span is None else f"{span[1] / span[0]:.3g}x",
-                     "best held-out sampled in it": "–" if best is None else f"{ci_text(rewards[best])} at {lr_text(best)}",
-                     f"per lr: collapsed/runs, rate [{stats.CONFIDENCE:.0%} exact interval]": ", ".join(
-                         f"{lr_text(lr)}: {p.collapsed}/{p.runs} " + ("" if not p.runs else "[{0.low:.2f}, {0.high:.2f}]"
-                                                                     .format(rate_ci(int(p.collapsed), int(p.runs))))
-                         + (f" (+{p.missing})" if p.missing else "") for lr, p in points.iterrows())})
-    return markdown(rows)
+    others = [a for a in sweep.conditions if a != LR_AXIS]
+    return markdown([{**dict(zip(others, key)), **{lr_text(lr): f"{p.collapsed}/{p.runs}" + (
+        " [{0.low:.2f}, {0.high:.2f}]".format(rate_ci(int(p.collapsed), int(p.runs))) if p.runs else "") + (
+        f" (+{p.missing})" if p.missing else "") for lr, p in lr_points(cell).iterrows()}}
+        for key, cell in conditions(sweep, runs, others)])
 
 
 def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
@@ -167,11 +152,13 @@ def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
     level = f"{stats.CONFIDENCE:.0%}"
     parts = [("", condition_table(sweep, runs)),
              (f"Paired differences against {' = '.join(next(iter(sweep.reference.items()), ''))} (same seed: same warm "
-              f"start and prompt order; a - reference, mean over seeds with its {level} interval):", paired_table(sweep, runs)),
+              f"start and prompt order; a - reference, mean over seeds with its {level} interval):",
+              paired_table(sweep, runs)),
              (f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the updates "
               f"minus that of the quarter before, with its {level} interval: *settled* where the interval lies within "
               f"±{SETTLED_BAND:g}, *still rising* where it lies above 0:", settle_table(sweep, runs)),
-             ("Learning-rate range (stable: every run at that lr finished without collapse):", lr_table(sweep, runs))]
+             (f"Collapsed runs at each learning rate, with the rate's exact {level} interval (+ runs not finished):",
+              lr_table(sweep, runs))]
     return ([sweep.description, ""] if sweep.description else []) + [
         line for head, table in parts if table for line in ([head, ""] if head else []) + [table, ""]]
 
