@@ -250,7 +250,7 @@ def test_a_sweep_that_was_not_run(tmp_path, synthetic):
 
 
 @pytest.mark.parametrize("entry, match", [
-    ({"paper": "p", "sweep": "st", "expect": "greater"}, "exactly one of compare, across, level, stabler, collapses"),
+    ({"paper": "p", "sweep": "st", "expect": "greater"}, "exactly one of compare, across, stabler, collapses"),
     ({"paper": "p", "sweep": "st", "compare": {"a": {}}, "expect": "greater"}, "compare: b: Field required"),
     ({"paper": "p", "sweep": "st", "compare": {"a": {}, "b": {}}, "expect": "bigger"}, "expect 'bigger' is not valid"),
     ({"paper": "p", "sweep": "st", "compare": {"a": {}, "b": {}}, "expect": {"within": -1}}, "within: margin > 0"),

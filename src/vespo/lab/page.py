@@ -50,10 +50,13 @@ HEADLINE = (
     "N against optimizer steps (the same steps and samples at every N), seed mean with its min-max band.")
 
 
-def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str) -> Path:
+def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str,
+               draw: bool = True) -> Path:
+    """The page and every sweep's report; ``draw=False`` leaves the figures out (they take most of the time)."""
     sweeps, runs = read_lab(paths)
     root = out_root or page.parent / "results"
-    figures = {name: write_sweep(sweep, runs[runs.sweep == name], root / name) for name, sweep in sweeps.items()}
+    figures = {name: write_sweep(sweep, runs[runs.sweep == name], root / name, draw=draw)
+               for name, sweep in sweeps.items()}
     for name in sweeps:
         shutil.rmtree(root / IN_PROGRESS / name, ignore_errors=True)
     claims = cl.load_claims(claims_path) if claims_path else None
@@ -83,11 +86,11 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
     return page
 
 
-def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None,
-                curve: str | None = None) -> list[Path]:
+def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None, curve: str | None = None,
+                draw: bool = True) -> list[Path]:
     """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
     out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(sweep, runs, out, panel, curve)
+    figures = write_figures(sweep, runs, out, panel, curve) if draw else []
     (out / "report.md").write_text(sweep_markdown(sweep, runs, figures))
     made = {out / "report.md", write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
     for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
