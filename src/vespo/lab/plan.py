@@ -123,7 +123,7 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
     """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks (and the
     archive's sessions), so that planning skips them. Refuses an archive of another sweep, a run that is not a
     point of the grid, or one made with other overrides or another resolved config than the grid gives it now."""
-    from vespo.config import to_dict
+    from vespo.config import added_at_default, to_dict
 
     body = read_archive_body(archive)
     if body["record"].get("name") != sweep.name:
@@ -143,7 +143,8 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
             continue  # this directory's own run (finished, or to resume) wins
         was, now = (pd.json_normalize(json.loads(json.dumps(c))).iloc[0].to_dict() for c in (
             item["config"], to_dict(_config(sweep, out, point))))
-        differs = [k for k in {**was, **now} if k != "run.out_dir" and str(was.get(k)) != str(now.get(k))]
+        differs = [k for k in {**was, **now} if k != "run.out_dir" and str(was.get(k)) != str(now.get(k))
+                   and not (k not in was and added_at_default(k, now[k]))]  # a field newer than the run, at its default
         if differs:
             raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {was.get(differs[0])!r}, the grid of "
                              f"{sweep.source} now resolves it to {now.get(differs[0])!r}: not the same condition")
