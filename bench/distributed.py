@@ -37,7 +37,7 @@ def measure(args: argparse.Namespace) -> dict:
     """One configuration, on every rank of this torchrun job; rank 0 returns the figures."""
     import torch
 
-    from vespo.config import OptimConfig
+    from vespo.config import load_config
     from vespo.models import build_char_tokenizer, tiny_model
     from vespo.trainer.distributed import init_distributed, local_device, shutdown
     from vespo.trainer.learner import Learner
@@ -49,8 +49,9 @@ def measure(args: argparse.Namespace) -> dict:
     dist = init_distributed(device)
     tok = build_char_tokenizer()
     model = tiny_model("qwen3", args.size, tokenizer=tok, seed=0)
-    learner = Learner(model, "vespo", {}, OptimConfig(lr=1e-4, micro_batch_size=32), args.updates + 1,
-                      behavior="rollout", device=device, dist=dist)
+    cfg = load_config(None, [f"model.device={args.device}", "optim.lr=1e-4", "optim.micro_batch_size=32",
+                             "staleness.behavior=rollout", f"run.steps={args.updates + 1}", "staleness.n=1"])
+    learner = Learner(model, cfg, dist)
     gen = torch.Generator().manual_seed(0)
     rows = ROWS // dist.world
 

@@ -32,7 +32,13 @@ def stepper(cfg) -> Stepper:
         parts = build(cfg)
         return Stepper(parts.engine, parts.producer, parts.learner,
                        lambda k: train_step(parts, k)["rollout/tokens"])
-    from vespo.trainer.remote import make_learner
+    try:
+        from vespo.trainer.remote import make_learner  # a checkout whose Learner took the Config unpacked
+    except ImportError:
+        from vespo.trainer.learner import Learner
+
+        def make_learner(cfg, policy):
+            return Learner(policy, cfg)
     from vespo.trainer.run import build_run
     from vespo.trainer.sources import LocalSource
 

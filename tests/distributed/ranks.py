@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from vespo.config import OptimConfig
+from vespo.config import load_config
 from vespo.models import build_char_tokenizer, tiny_model
 from vespo.trainer.distributed import Dist, init_distributed, shutdown
 from vespo.trainer.learner import Learner
@@ -22,8 +22,10 @@ MICRO = 2  # rows per micro-batch on every rank: data-parallel micro-batching
 
 def make_learner(dist: Dist, loss: str = "vespo", total: int = 3) -> Learner:
     model = tiny_model("qwen3", "nano", tokenizer=build_char_tokenizer(), seed=0)
-    optim = OptimConfig(lr=3e-3, micro_batch_size=MICRO, grad_clip=1.0)
-    return Learner(model, loss, {}, optim, total, behavior="rollout", dist=dist)
+    cfg = load_config(None, ["model.device=cpu", f"loss.name={loss}", "optim.lr=3e-3", "optim.grad_clip=1.0",
+                             f"optim.micro_batch_size={MICRO}", "staleness.behavior=rollout", f"run.steps={total}",
+                             "staleness.n=1"])
+    return Learner(model, cfg, dist)
 
 
 def shard(batch: TrainBatch, rank: int, world: int) -> TrainBatch:

@@ -7,12 +7,12 @@ from contextlib import contextmanager
 def sync_loop(cfg):
     """The training loop of a sync run, built but not started: step it with ``rollout_step``."""
     from vespo.trainer.loop import Loop
-    from vespo.trainer.remote import make_learner
+    from vespo.trainer.learner import Learner
     from vespo.trainer.run import build_run
     from vespo.trainer.sources import LocalSource
 
     with build_run(cfg, log=lambda *a: None) as run:
-        learner = make_learner(cfg, run.policy)
+        learner = Learner(run.policy, cfg)
         source = LocalSource(run, learner)
         source.start(0)
         yield Loop(run, learner, source)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vespo.config import OptimConfig
+from vespo.config import load_config
 from vespo.data import PromptStream
 from vespo.errors import CheckpointError, ResumeError, UserError
 from vespo.models import build_char_tokenizer, tiny_model
@@ -40,8 +40,9 @@ def test_rng_states_round_trip_to_the_exact_streams(tmp_path):
 
 
 def _learner(model, total=20):
-    optim = OptimConfig(lr=1e-2, schedule="cosine", warmup_steps=2, weight_decay=0.1)
-    return Learner(model, "vespo", {}, optim, total_updates=total)
+    cfg = load_config(None, ["model.device=cpu", "optim.lr=1e-2", "optim.schedule=cosine", "optim.warmup_steps=2",
+                             "optim.weight_decay=0.1", f"run.steps={total}", "staleness.n=1"])
+    return Learner(model, cfg)
 
 
 def _optimizer_step(learner, seed):

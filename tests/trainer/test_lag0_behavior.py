@@ -4,7 +4,7 @@ separate recompute, one pass fewer (the first mini-batch of a sync rollout step;
 import torch
 from stepping import rollout_step, sync_loop
 
-from vespo.config import OptimConfig
+from vespo.config import load_config
 from vespo.models import build_char_tokenizer, tiny_model
 from vespo.trainer.learner import Learner
 
@@ -43,7 +43,8 @@ def test_no_sharing_under_dropout_or_r2():
 
     def learner(arch, replay="none", **overrides):
         model = tiny_model(arch, "nano", tokenizer=tok, **overrides)
-        return Learner(model, "vespo", {}, OptimConfig(), 1, replay=replay)
+        cfg = load_config(None, ["model.device=cpu", f"rollout.router_replay={replay}", "run.steps=1", "staleness.n=1"])
+        return Learner(model, cfg)
 
     assert learner("qwen3").can_share
     assert not learner("qwen3", attention_dropout=0.1).can_share  # train != eval forward

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vespo.config import OptimConfig
+from vespo.config import load_config
 from vespo.metrics import read_jsonl
 from vespo.models import build_char_tokenizer, record_routing, response_hidden_states, response_logprobs, tiny_model
 from vespo.models.moe import stack_routing
@@ -55,8 +55,10 @@ def learner_for(model, replay="none", lr=1e-4, micro_batch_size=8, share=False):
     """A learner with μ recomputed; ``share=False`` gives every item a behaviour pass of its own (eval mode, no
     grad) instead of the lag-0 update's forward, so that μ and the training forward are two passes
     (``share=None`` leaves the learner's own choice)."""
-    learner = Learner(copy.deepcopy(model), "grpo", {}, OptimConfig(lr=lr, micro_batch_size=micro_batch_size),
-                      total_updates=10, replay=replay)
+    cfg = load_config(None, ["model.device=cpu", "loss.name=grpo", f"optim.lr={lr}",
+                             f"optim.micro_batch_size={micro_batch_size}", "run.steps=10", "staleness.n=1",
+                             f"rollout.router_replay={replay}"])
+    learner = Learner(copy.deepcopy(model), cfg)
     if share is not None:
         learner.can_share = share
     return learner
@@ -207,7 +209,7 @@ def test_r3_needs_the_engines_routing(tok, moe):
     for share in (False, True):  # a separate μ pass, or the update's own forward: checked before either
         with pytest.raises(ValueError, match="record_routing=True"):
             learner_for(moe, "r3", share=share).prepare([item(batch)])
-    with pytest.raises(ValueError, match="none, r2, r3"):
+    with pytest.raises(ValueError, match=r"rollout.router_replay must be one of \['none', 'r2', 'r3'\]"):
         learner_for(moe, "R2")
 
 

@@ -46,21 +46,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from vespo.config import OptimConfig
-from vespo.losses import concat_rows, ess_step_scale, get_loss, prepare_inputs, summarize
+from vespo.config import Config, OptimConfig
+from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
 from vespo.models.moe import count_replay, moe_routers, stack_routing
-from vespo.trainer.distributed import Dist, full_tensor, shard_policy
+from vespo.trainer.distributed import Dist, full_tensor, local_device, shard_policy
 from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
 from vespo.types import TrainBatch
 
-BEHAVIORS = ("recompute", "rollout")
 # the engine-vs-trainer gap is logged once, as mismatch/* (the behaviour pass), not again as the loss's
 # rollout/k1, k3 (engine vs μ) when the loss gets the engine's log-probs for its rollout correction
 ENGINE_GAP_ROWS = ("rollout_k1", "rollout_k3")
-REPLAY_MODES = ("none", "r2", "r3")
 
 
 class NonFiniteError(RuntimeError):
@@ -77,44 +75,41 @@ class Staged:
 
 
 class Learner:
-    def __init__(self, model: nn.Module, loss_name: str, loss_options: dict, optim: OptimConfig,
-                 total_updates: int, behavior: str = "recompute", replay: str = "none",
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_nonfinite: int = 3,
-                 device: torch.device | str = "cpu", autocast: bool = False, compile: bool = False,
-                 dist: Dist | None = None):
-        if behavior not in BEHAVIORS:
-            raise ValueError(f"behavior must be one of {', '.join(BEHAVIORS)}; got {behavior!r}")
-        if replay not in REPLAY_MODES:
-            raise ValueError(f"router replay must be one of {', '.join(REPLAY_MODES)}; got {replay!r}")
-        self.device = torch.device(device)
+    def __init__(self, model: nn.Module, cfg: Config, dist: Dist | None = None):
+        """The learner of a run's config: the loss and its typed options (``cfg.loss``), AdamW and its schedule
+        over ``cfg.total_updates`` (``cfg.optim``), μ's source (``cfg.behavior``), the rollout's sampling
+        truncation and router replay (``cfg.rollout``), ``cfg.model``'s device and autocast, and
+        ``run.compile`` / ``run.max_nonfinite_steps``; sharded over ``dist``'s ranks."""
+        from vespo.models.device import resolve_device
+
         self.dist = dist or Dist.single()
+        self.device = local_device(resolve_device(cfg.model.device))  # each rank on its own GPU
         self.model = model.to(self.device)  # the policy (sharded in place on several ranks)
-        self.behavior, self.replay = behavior, replay
+        self.behavior, self.replay = cfg.behavior, cfg.rollout.router_replay
         self.moe = is_moe(model)
-        self.replays = replay != "none" and self.moe
+        self.replays = self.replay != "none" and self.moe
         if self.replays:
             moe_routers(model)  # an MoE family replay does not know stops here, at start-up
-        self.compiled = compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
+        self.compiled = cfg.run.compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
         self.module = LogprobModule(self.model)  # what the training and behaviour forwards call
         if self.dist.active:  # one source of weights, then FSDP2; mixed precision replaces autocast
             self.dist.broadcast_state(self.module)
-            shard_policy(self.module, self.dist, self.device, bf16=autocast)
-        self.autocast = autocast and not self.dist.active
-        self.spec = get_loss(loss_name)
-        self.loss_cfg = self.spec.config_cls(**loss_options)
-        self.optim_cfg = optim
-        self.temperature = temperature
-        self.top_k, self.top_p = top_k, top_p  # the rollout's truncation: μ and π are of that distribution
-        self.max_nonfinite = max_nonfinite
+            shard_policy(self.module, self.dist, self.device, bf16=cfg.model.autocast)
+        self.autocast = cfg.model.autocast and not self.dist.active
+        self.spec, self.loss_cfg = cfg.loss.spec, cfg.loss.options  # the loss and its config, built by the Config
+        self.optim_cfg = optim = cfg.optim
+        self.temperature = cfg.rollout.temperature
+        self.top_k, self.top_p = cfg.rollout.top_k, cfg.rollout.top_p  # μ and π are of the truncated distribution
+        self.max_nonfinite = cfg.run.max_nonfinite_steps
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         # fused: one kernel for all parameters instead of ~10 small ops per tensor (4x faster on CPU)
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
                                            weight_decay=optim.weight_decay, fused=True)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(optim, total_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(optim, cfg.total_updates))
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
-        self.records_routing = replay == "r2" and self.moe  # R2 records in a behaviour pass of its own
+        self.records_routing = self.replay == "r2" and self.moe  # R2 records in a behaviour pass of its own
         self.can_share = _dropout_free(model) and not self.records_routing
         self.staged: dict[int, Staged] = {}
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vespo.config import Config, from_dict, to_dict, validate
+from vespo.config import from_dict, to_dict
 from vespo.losses import concat_rows
 from vespo.trainer.distributed import Dist
 from vespo.trainer.learner import Learner
@@ -28,24 +28,12 @@ from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
 from vespo.trainer.run import Run
 
 
-def make_learner(cfg: Config, policy, dist: Dist | None = None) -> Learner:
-    """The Learner of a config, on model.device (each rank on its own GPU), sharded over ``dist``'s ranks."""
-    from vespo.models.device import resolve_device
-    from vespo.trainer.distributed import local_device
-
-    return Learner(policy, cfg.loss.name, cfg.loss.options, cfg.optim, cfg.total_updates, behavior=cfg.behavior,
-                   replay=cfg.rollout.router_replay, temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
-                   top_p=cfg.rollout.top_p,
-                   max_nonfinite=cfg.run.max_nonfinite_steps, device=local_device(resolve_device(cfg.model.device)),
-                   autocast=cfg.model.autocast, compile=cfg.run.compile, dist=dist)
-
-
 def build_learner(run: Run, dist: Dist | None = None) -> LearnerProtocol:
     """A local Learner (sharded over ``dist``'s ranks), or a RemoteLearner when async.learner=actor (Ray must be
     running)."""
     if run.cfg.run.mode == "async" and run.cfg.async_.learner == "actor":
         return RemoteLearner(run)
-    return make_learner(run.cfg, run.policy, dist)
+    return Learner(run.policy, run.cfg, dist)
 
 
 class LearnerActor:
@@ -68,7 +56,7 @@ class LearnerActor:
         from vespo.trainer.distributed import init_group, local_device
         from vespo.trainer.run import build_policy
 
-        cfg = validate(from_dict(cfg_dict))
+        cfg = from_dict(cfg_dict)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         dist = Dist.single()
@@ -76,7 +64,7 @@ class LearnerActor:
             dist = init_group(rank, world, *address, local_device(resolve_device(cfg.model.device)))
         policy, _ = build_policy(cfg)  # the architecture
         policy.load_state_dict(weights)
-        self.learner = make_learner(cfg, policy, dist)
+        self.learner = Learner(policy, cfg, dist)
         self.tokenizer = tokenizer
 
     def prepare(self, items: list[TrainItem]) -> Rows:

@@ -26,7 +26,7 @@ import ray
 import torch
 
 from vespo.buffer import StalenessBound
-from vespo.config import from_dict, validate
+from vespo.config import from_dict
 from vespo.rollout.text import decode_responses
 from vespo.trainer.producer import PromptBatch, RolloutScorer
 from vespo.types import TrainBatch
@@ -39,7 +39,7 @@ class RolloutWorker:
         torch.set_num_threads(1)
         from vespo.trainer.run import build_policy, build_scorer, build_task, make_engine
 
-        cfg = validate(from_dict(cfg_dict))
+        cfg = from_dict(cfg_dict)
         self.index = index
         self.chunk_tokens = cfg.async_.chunk_tokens
         self.bound = StalenessBound(cfg.async_.max_staleness)
