@@ -89,7 +89,7 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
         assert cfg.steps * cfg.staleness.n == cfg.run.updates
         # the paper's GRPO baseline: clip-higher
         if cfg.loss.name == "grpo":
-            assert (cfg.loss.options["eps_low"], cfg.loss.options["eps_high"]) == (0.2, 0.28), (stem, name)
+            assert (cfg.loss.options.eps_low, cfg.loss.options.eps_high) == (0.2, 0.28), (stem, name)
         if stem != "quick":  # held-out sampling error <= sqrt(0.25 / 1024) = 0.016; every 64 updates on 256
             assert cfg.task.eval_size >= 1000, (stem, name)
             assert (cfg.run.eval_every_updates, cfg.run.eval_every_size) == (RULE.every, 256), (stem, name)
@@ -124,7 +124,7 @@ def test_the_experiments_vary_what_they_say(shipped_points):
     assert sorted({c.staleness.n for c in staleness}) == [1, 8, 64]
     assert {c.staleness.n * 8 for c in staleness} == {c.prompts_per_step for c in staleness}
     assert {c.run.updates for c in staleness} == {512}
-    assert {c.loss.options.get("length_norm") for c in by["length_norm"]} == {"none", "sqrt", "linear"}
+    assert {c.loss.options.length_norm for c in by["length_norm"]} == {"none", "sqrt", "linear"}
     for stem in ("async", "lr_range_async"):
         assert {(c.run.mode, c.staleness.behavior, c.async_.sync_every) for c in by[stem]} == {("async", "rollout", 4)}
     for stem in ("lr_range", "lr_range_async"):  # 8 learning rates, evenly spaced in log (1.5x-1.7x apart)
