@@ -9,6 +9,7 @@ import yaml
 
 from vespo.lab import claims as cl
 from vespo.lab.grid import load_sweep
+from vespo.lab.page import measured
 from vespo.lab.runs import read_lab
 from vespo.lab.stats import holm, p_value
 
@@ -68,7 +69,7 @@ def test_a_claim_with_several_comparisons_agrees_only_if_all_do(tmp_path, synthe
                              "gspo": [0.48, 0.43, 0.57], "sapo": [0.60, 0.50, 0.70]})
     (v,) = _judge(tmp_path, lab, [_compare([{"loss": "grpo"}, {"loss": "gspo"}], "greater")])
     assert v.verdict == "not resolved" and len(v.readings["eval_sampled"]) == 2
-    assert cl.measured(v).startswith("eval_sampled difference: vs loss=grpo: +0.050 [+0.050, +0.050], 3 seeds, "
+    assert measured(v).startswith("eval_sampled difference: vs loss=grpo: +0.050 [+0.050, +0.050], 3 seeds, "
                                      "higher in 3 (Holm p 0.000)")
     assert _verdict(tmp_path, lab, _compare([{"loss": "grpo"}, {"loss": "sapo"}], "greater")) == "disagrees"
 
@@ -93,7 +94,7 @@ def test_a_verdict_that_differs_on_another_metric_depends_on_it(tmp_path, synthe
                  greedy={"vespo": [0.9, 0.8, 0.7], "grpo": [0.9, 0.8, 0.7]})
     (v,) = _judge(tmp_path, lab, [_compare({"loss": "grpo"}, "greater")])
     assert v.verdict == "depends on the metric" and v.robustness == "unclear"
-    assert cl.measured(v).endswith("agrees on held-out sampled, but not resolved on greedy (vs loss=grpo "
+    assert measured(v).endswith("agrees on held-out sampled, but not resolved on greedy (vs loss=grpo "
                                    "+0.000 [+0.000, +0.000])")
 
 
@@ -117,7 +118,7 @@ def test_collapse_rules(tmp_path, synthetic):
     assert [v.verdict for v in verdicts] == ["agrees", "partly", "too few seeds", "agrees", "not resolved", "agrees",
                                              "disagrees"]
     # 3 of 4: the exact 90% interval is [beta.ppf(0.05, 3, 2), beta.ppf(0.95, 4, 1)] = [0.249, 0.987]
-    assert cl.measured(verdicts[0]) == "3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]"
+    assert measured(verdicts[0]) == "3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]"
     assert verdicts[5].text.endswith("control (st loss=sapo): 3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]")
 
 
@@ -203,7 +204,7 @@ def test_one_seed_is_too_few_seeds(tmp_path, synthetic):
     lab = _sweep(synthetic, {"vespo": [0.9], "grpo": [0.1]})
     (v,) = _judge(tmp_path, lab, [_compare({"loss": "grpo"}, "greater")])
     assert v.verdict == "too few seeds" and v.robustness == "too few seeds"
-    assert cl.measured(v) == "eval_sampled difference: vs loss=grpo: +0.800 (one seed), 1 seeds, higher in 1"
+    assert measured(v) == "eval_sampled difference: vs loss=grpo: +0.800 (one seed), 1 seeds, higher in 1"
 
 
 def test_robustness_labels(tmp_path, synthetic):
@@ -246,7 +247,7 @@ def test_a_sweep_that_was_not_run(tmp_path, synthetic):
     lab = _sweep(synthetic, {"vespo": [0.5, 0.4], "grpo": [0.5, 0.4]})
     entry = {**_compare({"loss": "grpo"}, "greater"), "sweep": "other"}
     (v,) = cl.evaluate(_claims(tmp_path, [entry]), *lab)
-    assert v.verdict == "not run" and cl.measured(v) == "sweep 'other' not run"
+    assert v.verdict == "not run" and measured(v) == "sweep 'other' not run"
 
 
 @pytest.mark.parametrize("entry, match", [

@@ -40,8 +40,8 @@ def test_the_lr_table(synthetic):
     head, vespo, grpo = cells(tables.lr_table(sweeps["lr"], runs))
     assert head == ["loss", "5e-5", "1e-4", "2e-4"]
     # 1 of 3: Clopper-Pearson [beta.ppf(0.05, 1, 3), beta.ppf(0.95, 2, 2)] = [0.017, 0.865]; 3 of 3: [0.368, 1]
-    assert grpo == ["grpo", "0/3 [0.00, 0.63]", "1/3 [0.02, 0.86]", "3/3 [0.37, 1.00]"]
-    assert vespo[3] == "0/2 [0.00, 0.78] (+1)"
+    assert grpo == ["grpo", "0/3: 0.00 [0.00, 0.63]", "1/3: 0.33 [0.02, 0.86]", "3/3: 1.00 [0.37, 1.00]"]
+    assert vespo[3] == "0/2: 0.00 [0.00, 0.78] (+1)"
 
 
 def test_lr_text():

@@ -243,10 +243,9 @@ class Collapses(Claim):
 
 def collapse_text(runs: pd.DataFrame) -> str:
     """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
-    reasons, rate = runs[runs.collapsed].reason.value_counts().sort_index(), rate_ci(int(runs.collapsed.sum()), len(runs))
-    return (f"{int(runs.collapsed.sum())}/{len(runs)} runs collapsed" + (" (" + ", ".join(
-        f"{k} {v}" for k, v in reasons.items()) + ")" if len(reasons) else "") + f", rate {rate.mean:.2f} [{rate.low:.2f}, "
-        f"{rate.high:.2f}]")
+    dead, reasons = int(runs.collapsed.sum()), runs[runs.collapsed].reason.value_counts().sort_index()
+    return f"{dead}/{len(runs)} runs collapsed" + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if
+                                                    dead else "") + f", rate {ci_text(rate_ci(dead, len(runs)), digits=2)}"
 
 
 def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
@@ -386,43 +385,3 @@ def robustness(v: Verdict) -> str:
         return TOO_FEW if any(t.outcome == TOO_FEW for t in tests) else UNCLEAR
     deciding = [t for t in tests if t.outcome == v.verdict]
     return ROBUST if all(t.n >= ROBUST_SEEDS and t.share >= ROBUST_SHARE for t in deciding) else SUPPORTED
-
-
-def measured(v: Verdict) -> str:
-    """What a verdict rests on, in words: each test with its Holm-adjusted p, and the readings that differ."""
-    if not v.readings:
-        return v.text
-    (metric, tests), *others = v.readings.items()
-    head = "collapses" if metric == "collapsed" else f"{metric} difference"
-    text = f"{head}: " + "; ".join(f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted)
-                                                          else "") for t in tests)
-    if v.verdict == DEPENDS:
-        by = {m: combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
-        text += f"; {by[metric]} on {READINGS[metric]}, but " + "; ".join(
-            f"{by[m]} on {READINGS[m]} (" + "; ".join(f"{t.name} {ci_text(t.ci, signed=True)}" for t in ts) + ")"
-            for m, ts in others if by[m] != by[metric])
-    return text
-
-
-def together_text(verdicts: list[Verdict], numbers: list[int], runs: pd.DataFrame) -> str:
-    """Claims that make the same comparison at different budgets (optimizer steps), read side by side."""
-    vs = {i: verdicts[i - 1] for i in numbers if (runs.sweep == verdicts[i - 1].claim.sweep).any()}
-    budget = {i: int(runs[runs.sweep == v.claim.sweep].updates.max()) for i, v in vs.items()}
-    lines = []
-    for name in dict.fromkeys(t.name for v in vs.values() for t in next(iter(v.readings.values()), [])):
-        seen = sorted(((i, t) for i, v in vs.items() for t in next(iter(v.readings.values())) if t.name == name),
-                      key=lambda x: budget[x[0]])
-        if len(seen) < 2:
-            continue
-        lines.append(f"{name}: " + "; ".join(f"after {budget[i]} updates {t.text} (claim {i}: {vs[i].verdict})"
-                                            for i, t in seen) + ".")
-        (i1, t1), (i2, t2) = seen[0], seen[-1]
-        if t1.ci and t2.ci and t1.ci.resolved and t2.ci.resolved:
-            has0 = [ci.low <= 0 <= ci.high for ci in (t1.ci, t2.ci)]
-            apart = t1.ci.high < t2.ci.low or t2.ci.high < t1.ci.low or has0[0] != has0[1]
-            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[i1]} updates and "
-                         f"between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[i2]}" + (
-                             ": what the shorter runs measure does not hold for the longer ones." if apart else
-                             ": the two budgets agree within their intervals."))
-    return (f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): "
-            + " ".join(lines)) if lines else ""

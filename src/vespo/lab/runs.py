@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from vespo.config import load_yaml
 from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.lab.provenance import read_sessions
@@ -189,11 +190,12 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
 
 
 def read_run(run_dir: Path, lab: dict) -> Run:
-    def file(name: str, load=json.loads):
-        return (load((run_dir / name).read_text()) or {}) if (run_dir / name).is_file() else {}
+    def file(name: str) -> dict:
+        return json.loads((run_dir / name).read_text()) if (run_dir / name).is_file() else {}
 
+    config = load_yaml(run_dir / "config.yaml", "run config", ValueError) if (run_dir / "config.yaml").is_file() else {}
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else None
-    return Run(run_dir.name, lab, file("config.yaml", yaml.safe_load), file("summary.json"), file("eval_before.json"), rows)
+    return Run(run_dir.name, lab, config, file("summary.json"), file("eval_before.json"), rows)
 
 
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:

@@ -132,10 +132,11 @@ def lr_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     if LR_AXIS not in sweep.conditions:
         return ""
     others = [a for a in sweep.conditions if a != LR_AXIS]
-    return markdown([{**dict(zip(others, key)), **{lr_text(lr): f"{p.collapsed}/{p.runs}" + (
-        " [{0.low:.2f}, {0.high:.2f}]".format(rate_ci(int(p.collapsed), int(p.runs))) if p.runs else "") + (
-        f" (+{p.missing})" if p.missing else "") for lr, p in lr_points(cell).iterrows()}}
-        for key, cell in conditions(sweep, runs, others)])
+    return markdown([{**dict(zip(others, key)), **{lr_text(lr): f"{p.collapsed}/{p.runs}: "
+                                                   f"{ci_text(rate_ci(int(p.collapsed), int(p.runs)), digits=2)}"
+                                                   + (f" (+{p.missing})" if p.missing else "")
+                                                   for lr, p in lr_points(cell).iterrows()}}
+                     for key, cell in conditions(sweep, runs, others)])
 
 
 def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
