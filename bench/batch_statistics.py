@@ -85,7 +85,8 @@ def compare(name: str, batch: dict[str, torch.Tensor], parts: int) -> dict[str, 
 
 def summary(values: list[float]) -> str:
     t = torch.tensor(values, dtype=torch.float64)
-    return f"median {t.median().item():.4g}, q90 {t.quantile(0.9).item():.4g}, max {t.max().item():.4g}"
+    return (f"min {t.min().item():.4g}, q10 {t.quantile(0.1).item():.4g}, median {t.median().item():.4g}, "
+            f"q90 {t.quantile(0.9).item():.4g}, max {t.max().item():.4g}")
 
 
 def main() -> None:

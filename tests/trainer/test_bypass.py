@@ -34,3 +34,13 @@ def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no
     make_cfg("staleness.behavior=recompute", f"loss.name={loss}", tis)  # pi_old / pi_rollout: it acts there
     make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
              "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
+
+
+def test_help_config_says_which_correction_applies_when():
+    from vespo.config import describe
+
+    help_of = {name: text for name, _, text in describe()}
+    assert "bypass mode" in help_of["staleness.behavior"] and "pi/pi_rollout" in help_of["staleness.behavior"]
+    for words in ("pi_old/pi_rollout with mu recomputed", "rejection part on pi/pi_rollout", "tis_* refused"):
+        assert words in help_of["loss.options"]
+    assert "exactly 1 at staleness.n=1" in help_of["optim.ess_against"]
