@@ -116,14 +116,6 @@ def test_vespo_phi_with_rollout_correction_matches_trl_get_gamma_weights(mode):
     torch.testing.assert_close(our_phi[valid], trl_phi[valid], rtol=1e-9, atol=1e-12)
 
 
-def our_loss(name, batch, **cfg):
-    logp = batch["logp"].clone().requires_grad_(True)
-    spec = get_loss(name)
-    out = call_loss(spec, logp, batch["old_logp"], batch["advantages"], batch["mask"], spec.config_cls(**cfg))
-    (grad,) = torch.autograd.grad(out.loss, logp)
-    return out, grad
-
-
 @pytest.mark.parametrize("delta", [0.0, 0.05, 0.5])
 @pytest.mark.parametrize("token_adv", [False, True])
 def test_opsm_mask_matches_trl_get_off_policy_mask(delta, token_adv):
@@ -149,7 +141,7 @@ def test_grpo_with_opsm_matches_trl(delta, scale):
     batch = make_batch(B=8, T=9, seed=44, scale=scale, pad="zero")
     batch = {k: v[:-1] for k, v in batch.items()}  # TRL's seq mean counts empty rows; drop ours
     ref_loss, ref_grad = trl_loss("grpo", batch, opsm=delta)
-    out, grad = our_loss("grpo", batch, agg="seq-mean-token-mean", dual_clip_c=None, opsm_delta=delta)
+    out, grad = our_grad("grpo", batch, agg="seq-mean-token-mean", dual_clip_c=None, opsm_delta=delta)
     assert out.metrics["loss/opsm_mask_frac"] > 0
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
@@ -161,6 +153,6 @@ def test_dr_grpo_aggregation_matches_trl(scale):
     batch = make_batch(B=8, T=9, seed=45, scale=scale, pad="zero")
     batch = {k: v[:-1] for k, v in batch.items()}  # TRL divides by all rows, empty ones too; drop ours
     ref_loss, ref_grad = trl_loss("dr_grpo", batch, max_completion_length=12)
-    out, grad = our_loss("grpo", batch, agg="seq-mean-token-sum-norm", norm_length=12, dual_clip_c=None)
+    out, grad = our_grad("grpo", batch, agg="seq-mean-token-sum-norm", norm_length=12, dual_clip_c=None)
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
