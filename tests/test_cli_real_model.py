@@ -1,31 +1,59 @@
-"""The real-model route's user errors, each one line and exit status 2: a missing or corrupt GGUF file,
-an unknown reasoning-gym dataset or option, a model without a chat template asked to use one."""
+"""The real-model route's user errors, each one line and exit status 2 from `vespo` (run in process): a missing
+or corrupt GGUF file, an unknown reasoning-gym dataset or option, a model without a chat template asked to
+use one."""
 
-from test_cli_errors import FAST, assert_one_line, vespo
+import pytest
+
+from test_cli_errors import FAST
+
+from vespo import cli
 
 
-def test_a_missing_or_corrupt_gguf_file_is_one_line(tmp_path):
-    done = vespo("train", *FAST, f"model.path={tmp_path / 'absent.gguf'}", f"run.out_dir={tmp_path / 'r'}")
-    assert_one_line(done, "train", "model.path", "absent.gguf", "not found")
+@pytest.fixture
+def vespo(capsys, monkeypatch, tmp_path):
+    """`vespo ARGS` in this process: (exit status, the one line it printed on stderr)."""
+    monkeypatch.setenv("VESPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VESPO_DEBUG", raising=False)
+
+    def run(*args: str) -> tuple[int, str]:
+        status = cli.main(list(args))
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in lines[0], lines
+        return status, lines[0]
+
+    return run
+
+
+def _one_line(result: tuple[int, str], command: str, *names: str) -> None:
+    status, line = result
+    assert status == 2 and line.startswith(f"vespo {command}: error: "), line
+    for name in names:
+        assert name in line, line
+
+
+def test_a_missing_or_corrupt_gguf_file_is_one_line(vespo, tmp_path):
+    out = f"run.out_dir={tmp_path / 'r'}"
+    _one_line(vespo("train", *FAST, f"model.path={tmp_path / 'absent.gguf'}", out),
+              "train", "model.path", "absent.gguf", "not found")
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF" + bytes(range(256)) * 4)
-    done = vespo("train", *FAST, f"model.path={corrupt}", f"run.out_dir={tmp_path / 'r'}",
-                 env={"VESPO_CACHE": str(tmp_path / "cache")})
-    assert_one_line(done, "train", "model.path", "corrupt.gguf", "cannot be read as a causal LM")
-    done = vespo("model", "get", str(corrupt), env={"VESPO_CACHE": str(tmp_path / "cache")})
-    assert_one_line(done, "model", "MODEL_PATH", "corrupt.gguf")
+    _one_line(vespo("train", *FAST, f"model.path={corrupt}", out),
+              "train", "model.path", "corrupt.gguf", "cannot be read as a causal LM")
+    _one_line(vespo("model", "get", str(corrupt)), "model", "MODEL_PATH", "corrupt.gguf")
 
 
-def test_an_unknown_reasoning_gym_dataset_or_option_is_one_line(tmp_path):
-    done = vespo("train", *FAST, "task.name=rg:chain_sumx", f"run.out_dir={tmp_path / 'r'}")
-    assert_one_line(done, "train", "task", "unknown reasoning-gym dataset 'chain_sumx'", "chain_sum")
-    done = vespo("train", *FAST, "task.name=rg:chain_sum", "task.options.min_termz=2", f"run.out_dir={tmp_path / 'r'}")
-    assert_one_line(done, "train", "task", "'chain_sum' rejects its options", "min_termz")
-    done = vespo("task", "export", "rg:nope", "--out", str(tmp_path / "data"))
-    assert_one_line(done, "task", "unknown reasoning-gym dataset 'nope'")
+def test_an_unknown_reasoning_gym_dataset_or_option_is_one_line(vespo, tmp_path):
+    out = f"run.out_dir={tmp_path / 'r'}"
+    _one_line(vespo("train", *FAST, "task.name=rg:chain_sumx", "task.options={}", out),
+              "train", "task", "unknown reasoning-gym dataset 'chain_sumx'", "chain_sum")
+    _one_line(vespo("train", *FAST, "task.name=rg:chain_sum", "task.options={min_termz: 2}", out),
+              "train", "task", "'chain_sum' rejects its options", "min_termz")
+    _one_line(vespo("task", "export", "rg:nope", "--out", str(tmp_path / "data")),
+              "task", "unknown reasoning-gym dataset 'nope'")
 
 
-def test_a_model_without_a_chat_template_asked_to_use_one_is_one_line(tmp_path):
+def test_a_model_without_a_chat_template_asked_to_use_one_is_one_line(vespo, tmp_path):
     # the tiny models' character tokenizer has no chat template; reasoning-gym prompts are chat messages
-    done = vespo("train", *FAST, "task.name=rg:chain_sum", "task.options={}", "rollout.max_new_tokens=8", f"run.out_dir={tmp_path / 'r'}")
-    assert_one_line(done, "train", "task rg:chain_sum", "chat template", "task.options.chat=false")
+    _one_line(vespo("train", *FAST, "task.name=rg:chain_sum", "task.options={}", "rollout.max_new_tokens=8",
+                    f"run.out_dir={tmp_path / 'r'}"),
+              "train", "task rg:chain_sum", "chat template", "task.options.chat=false")
