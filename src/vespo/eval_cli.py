@@ -28,7 +28,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "checkpoint directory (RUN_DIR/checkpoints/step-NNNNNN) or a Hugging Face model directory")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="a verl-style .parquet/.jsonl file, or plain jsonl with prompt/answer")
-    source.add_argument("--task", help="a built-in task name (see vespo.tasks.task_names())")
+    source.add_argument("--task", help="a built-in task name (see vespo.tasks.task_names()) or rg:NAME, a "
+                        "reasoning-gym dataset (`vespo task list`)")
     p.add_argument("--n-problems", type=int, default=100, help="problems to generate with --task")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task option, e.g. digits=3")
     p.add_argument("--k", action="append", default=[], metavar="SOURCE=K", help="samples per problem of one source")
@@ -36,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default: the task's max_answer_chars + 1, or 1024 with --data")
+                   help="default: the task's max_answer_chars + 1 (built-in tasks), else 1024")
     p.add_argument("--reward", default=None,
                    help="'math' (math-verify), 'task', or 'package.module:function'; default: task / math")
     p.add_argument("--timeout-s", type=float, default=10.0, help="time limit of one reward call")
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     problems, task = load_eval_problems(args)
     k_by_source = parse_assignments(args.k, "--k", int)
-    max_new = args.max_new_tokens or (task.max_new_tokens if task is not None else 1024)
+    max_new = args.max_new_tokens or (task.max_new_tokens if task is not None else 0) or 1024
     generate_fn, tokenizer = hf_generate_fn(args.model, args, max_new)
     with build_scorer(args, task) as scorer:
         report = evaluate(generate_fn, problems, scorer, k_by_source, args.default_k)
