@@ -37,6 +37,7 @@ from vespo.types import Problem
 PREFIX = "rg:"
 INSTRUCTION = "Put the final answer in \\boxed{}."
 NUMBER = re.compile(r"^\s*-?\d+(\.\d+)?\s*$")
+MAX_HELD_OUT_DRAW = 20  # held-out problems are searched for among this many times as many draws
 SEED_STRIDE = 2**32  # reasoning-gym seeds item i with Random(seed + i): seeds this far apart never share items
 
 
@@ -97,14 +98,16 @@ class ReasoningGymTask(Task):
         return [self._problem(entries[i], f"{self.name}-{seed}-{i}") for i in range(n)]
 
     def held_out(self, n: int, seed: int, train: list[Problem]) -> list[Problem]:
-        """``n`` problems drawn with ``seed``, none of whose questions is among ``train``'s."""
+        """``n`` problems drawn with ``seed``, none of whose questions is among ``train``'s: the first ``n`` of a
+        draw of up to ``MAX_HELD_OUT_DRAW`` x n that are not."""
         seen = {_question(p) for p in train}
-        drawn = self.generate(2 * n + 64, seed)
-        kept = [p for p in drawn if _question(p) not in seen]
+        drawn = self.generate(MAX_HELD_OUT_DRAW * n, seed)
+        kept = [p for p in drawn if _question(p) not in seen][:n]
         if len(kept) < n:
             raise ValueError(f"{self.name}: only {len(kept)} of {len(drawn)} held-out problems differ from the "
-                             f"{len(train)} training problems; the task's options leave too few distinct problems")
-        return kept[:n]
+                             f"{len(train)} training problems; the task's options leave too few distinct problems "
+                             "(lower task.train_size or task.eval_size, or widen the options)")
+        return kept
 
     def _problem(self, entry: dict, pid: str) -> Problem:
         text = f"{entry['question'].rstrip()}\n\n{self.instruction}" if self.instruction else entry["question"]
