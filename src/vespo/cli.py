@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    from vespo.heap import return_freed_memory
+
+    return_freed_memory()
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"vespo: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
