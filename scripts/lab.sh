@@ -9,13 +9,14 @@
 # (`vespo report runs/lab/<sweep> --out docs/results/in_progress/<sweep>`), which the next session
 # starts from and the page removes once it shows the sweep.
 #
-# Usage: bash scripts/lab.sh [SWEEP ...]     (default: all, in the order below; the venv active)
+# Usage: bash scripts/lab.sh [SWEEP ...]     (default: all but the optional *_peers sweeps, in the order
+# below; the venv active)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${LAB_OUT:-runs/lab}
 SWEEPS=("$@")
 [ ${#SWEEPS[@]} -gt 0 ] || SWEEPS=(staleness async lr_range endpoint mismatch mismatch_dense length_norm asymmetry lr_range_async)
-jobs_of() { case "$1" in async|lr_range_async) echo 1 ;; *) echo 2 ;; esac; }
+jobs_of() { case "$1" in async|lr_range_async|*_peers) echo 1 ;; *) echo 2 ;; esac; }
 status=0
 for sweep in "${SWEEPS[@]}"; do
   echo "== $(date -u +%FT%TZ) $sweep"
@@ -29,7 +30,9 @@ for sweep in "${SWEEPS[@]}"; do
 done
 echo "== $(date -u +%FT%TZ) results page"
 dirs=()
-for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense; do
+# the optional *_peers sweeps (docs/lab.md) join the page when they have run here or have an archive
+for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense \
+    staleness_peers async_peers mismatch_peers; do
   # the run directories when this machine has them, else the archive an earlier session committed
   if [ -f "$OUT/$sweep/sweep.json" ]; then dirs+=("$OUT/$sweep")
   elif [ -f "docs/results/$sweep/runs.json.gz" ]; then dirs+=("docs/results/$sweep/runs.json.gz")
