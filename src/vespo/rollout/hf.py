@@ -224,12 +224,19 @@ class HFEngine:
             routing = stack_routing(records, ids.shape[0], ids.shape[1])  # [B, S, L, K]
         else:
             out = self._call_model(state, ids, mask, positions)
-        state.next_logits = out.logits[:, -1].float()  # [B, V]
+        state.next_logits = out.float()  # [B, V]
         return routing
 
-    def _call_model(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor):
-        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache,
-                          use_cache=True, logits_to_keep=1)
+    def _call_model(self, state: GenerationState, ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+        """Logits [B, V] of the last position: the decoder, then the LM head on a [B, H] matrix.
+
+        The head takes the last hidden state as one contiguous 2-D matrix: handed a 3-D view (what the
+        causal LM's own forward slices with logits_to_keep), CPU matmul in bfloat16 runs a batched product
+        that copies the head's weight once per row (B x 56 MB for SmolLM2: 14 GB and 3/4 of the time of a
+        256-row prefill, measured)."""
+        body = getattr(self.model, self.model.base_model_prefix)
+        out = body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True)
+        return self.model.get_output_embeddings()(out.last_hidden_state[:, -1].contiguous())
 
     def _sample_step(self, state: GenerationState, logits: Tensor) -> None:
         """Sample one token per row from the processed distribution; record its log-prob."""
