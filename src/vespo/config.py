@@ -58,6 +58,10 @@ class ModelConfig(Section):
     """device of the learner (policy, optimizer): auto (CUDA when present, else CPU), cpu, cuda or cuda:N"""
     autocast: bool = False
     """run the learner's forward passes under torch.autocast in bfloat16 (weights and optimizer stay in model.dtype)"""
+    gradient_checkpointing: bool = False
+    """activation checkpointing of the learner's training forwards: each decoder layer keeps only its input and is
+    recomputed in backward (transformers' gradient_checkpointing_enable, non-reentrant); less memory for about one
+    more forward per update"""
 
 
 class TaskConfig(Section):

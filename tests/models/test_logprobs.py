@@ -92,7 +92,8 @@ def test_chunk_shape_caps_the_block_at_chunk_elements():
 @pytest.mark.parametrize("chunk_elements", [7, 60, 1 << 25])  # vocab blocks of 1, 8 (last one 2) and all 50
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bias):
-    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", chunk_elements)
+    for name in ("CHUNK_ELEMENTS", "CPU_CHUNK_ELEMENTS"):  # the GPU cap and the CPU one
+        monkeypatch.setattr(logprobs_module, name, chunk_elements)
     g = torch.Generator().manual_seed(chunk_elements)
     N, H, V, temp = 23, 16, 50, 0.7
     h = torch.randn(N, H, generator=g, requires_grad=True)
@@ -107,7 +108,8 @@ def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bia
 
 def test_large_logits_entropy_and_block_maxima_in_later_blocks(monkeypatch):
     # logits of size ~40 with the largest in the last vocab block: the running max must be rescaled
-    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 4 * 10)  # 4 tokens per chunk -> 10 entries per block
+    for name in ("CHUNK_ELEMENTS", "CPU_CHUNK_ELEMENTS"):  # the GPU cap and the CPU one
+        monkeypatch.setattr(logprobs_module, name, 4 * 10)  # 4 tokens per chunk -> 10 entries per block
     g = torch.Generator().manual_seed(3)
     h = torch.randn(9, 8, generator=g)
     w = torch.randn(35, 8, generator=g) * 4

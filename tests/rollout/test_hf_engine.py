@@ -135,6 +135,24 @@ def test_engine_holds_its_own_weights(tok, prompts):
         engine.load_weights({**model.state_dict(), "extra.weight": torch.zeros(1)}, version=1)
 
 
+def test_an_engine_sharing_the_trainers_module_samples_what_a_copy_samples(tok, prompts):
+    model = tiny_model("qwen3", "nano", tokenizer=tok, attention_dropout=0.5).train()  # dropout: eval matters
+    copied, shared = HFEngine(model, tok), HFEngine(model, tok, share_weights=True)
+    a = copied.generate(prompts, SamplingParams(max_new_tokens=6), seed=0)
+    b = shared.generate(prompts, SamplingParams(max_new_tokens=6), seed=0)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert model.training and shared.model is model  # sampled in eval mode, handed back in training mode
+    own = {k: v.detach() for k, v in model.state_dict().items()}
+    data = [p.data_ptr() for p in model.parameters()]
+    shared.load_weights(own, version=1)  # its own tensors: nothing to copy
+    assert shared.version == 1 and [p.data_ptr() for p in model.parameters()] == data
+    other = {k: v + 1.0 for k, v in own.items()}
+    shared.load_weights(other, version=2)  # anything else is copied into the module, in place
+    assert torch.equal(model.lm_head.weight, other["lm_head.weight"]) and [p.data_ptr() for p in model.parameters()] == data
+    with pytest.raises(ValueError, match="cannot change its dtype"):
+        HFEngine(model, tok, dtype="bfloat16", share_weights=True)
+
+
 def own_routing(model, rollout):
     """The experts the model itself routes at every position of cat(prompt, response): [B, P+T, L, K]."""
     B, S = rollout.prompt_ids.shape[0], rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1]
@@ -146,7 +164,11 @@ def own_routing(model, rollout):
 
 def test_moe_routing_is_recorded_at_every_position(tok, prompts):
     model = tiny_model("qwen3_moe", "xs", tokenizer=tok, seed=0)
-    rollout = HFEngine(model, tok, record_routing=True).generate(prompts, SamplingParams(max_new_tokens=8), seed=0)
+    engine = HFEngine(model, tok, record_routing=True)
+    for seed in range(50):  # the first seed whose sample ends a row early, so padding is checked too
+        rollout = engine.generate(prompts, SamplingParams(max_new_tokens=8), seed=seed)
+        if (rollout.response_mask[:, :-1] == 0).any():
+            break
     (B, P), T = rollout.prompt_ids.shape, rollout.response_ids.shape[1]
     routed = rollout.routed_experts
     assert routed.shape == (B, P + T, 2, 2) and routed.dtype == torch.int64

@@ -3,6 +3,7 @@
     from vespo.models import build_char_tokenizer, tiny_model, load_policy, save_policy, response_logprobs
 """
 
+from vespo.models.checkpointing import PrefixCache, enable_checkpointing
 from vespo.models.loading import build_model, encode_prompt, load_policy, resolve_dtype, save_policy
 from vespo.models.logprobs import (
     chunked_logprobs,
@@ -17,6 +18,7 @@ from vespo.models.tokenizer import build_char_tokenizer, char_vocab
 
 __all__ = [
     "ARCHS",
+    "PrefixCache",
     "SIZES",
     "ReplayCount",
     "build_char_tokenizer",
@@ -25,6 +27,7 @@ __all__ = [
     "chunked_logprobs",
     "compile_decoder_layers",
     "count_replay",
+    "enable_checkpointing",
     "encode_prompt",
     "is_moe",
     "load_policy",

@@ -7,7 +7,7 @@ up to float rounding, without the G-fold repeated prompts and the padding). The 
 log-softmax then run over blocks of [chunk tokens, vocab entries] holding at most CHUNK_ELEMENTS
 logits (``chunk_shape``), inside a custom autograd function that keeps an online log-sum-exp
 across vocab blocks in forward and recomputes each block's softmax in backward. So neither pass
-ever holds the full [B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB)
+ever holds the full [B, T, V] float32 logits: peak extra memory is about two blocks (256 MiB; 8 MiB on a CPU)
 plus the V x H weight gradient that any path needs. Padded response positions are skipped entirely and read 0.
 Recomputing costs one extra matmul: 4/3 of the naive path's matmul FLOPs.
 
@@ -28,11 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache
 
 from vespo.models.moe import replay_routing
+from vespo.models.checkpointing import PrefixCache
 
 CHUNK_ELEMENTS = 1 << 25  # logits per block at most: 32M floats, 128 MiB in float32
+# on a CPU, blocks that stay in its caches between the matmul that writes them and the passes that read
+# them: 1M floats, 4 MiB (SmolLM2's head, 1000 tokens, one thread: 18% less time than 128 MiB blocks)
+CPU_CHUNK_ELEMENTS = 1 << 20
 DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk when chunk_size is None
 
 
@@ -123,34 +126,53 @@ def shared_prompt_hidden_states(
 ) -> Tensor:
     """``response_hidden_states`` without repeated prompts or padding runs: [B, T, H] (0 past a row's end).
 
-    Rows are grouped by response length (``length_groups``) and each group runs only as far as
-    its longest response, so short answers do not pay for the batch's longest one. Within a
-    group, rows with the same prompt (the G responses of a group) share one pass over it: each
-    distinct prompt runs once, its KV cache is copied to the rows that share it (a differentiable
-    gather, so their gradients add up), and the responses run on top of it. The last response
-    position predicts nothing and is not run. routed_experts must be None (router replay needs one
-    pass over every position).
+    Each distinct prompt runs once (the G responses of a group share it), recording its keys and
+    values in a ``PrefixCache``. The rows are then grouped by response length (``length_groups``)
+    and each group runs only as far as its longest response, on top of a gather of its rows' prompt
+    keys and values (differentiable, so the gradients of the rows that share a prompt add up), so
+    short answers do not pay for the batch's longest one. The last response position predicts
+    nothing and is not run. The tokens are embedded in one lookup for all the passes. Every cache update is a function of its inputs, so activation
+    checkpointing may recompute any layer. With routed_experts (router replay needs one pass over every
+    position) or a model with linear-attention layers (whose recurrent state a prefix of keys cannot
+    carry) it is ``response_hidden_states``.
     """
-    if routed_experts is not None or 0 in response_ids.shape:
+    if routed_experts is not None or 0 in response_ids.shape or not PrefixCache.fits(model.config):
         return response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, routed_experts)
     B, T = response_ids.shape
+    body = getattr(model, model.base_model_prefix)
+    distinct, copies = distinct_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))  # [U], [B]
+    if distinct is None:  # every prompt differs: each row is its own
+        distinct = copies = torch.arange(B, device=prompt_ids.device)
+    # one embedding lookup for every pass, so its backward fills one [V, H] gradient, not one per pass
+    U, P = len(distinct), prompt_ids.shape[1]
+    embedded = body.get_input_embeddings()(torch.cat([prompt_ids[distinct].flatten(), response_ids.flatten()]))
+    prompt_embeds, response_embeds = embedded[: U * P].unflatten(0, (U, P)), embedded[U * P:].unflatten(0, (B, T))
+    prompts = PrefixCache(model.config)
+    prompt_out = prompts.run(body, inputs_embeds=prompt_embeds, attention_mask=prompt_mask[distinct].long(),
+                             position_ids=positions_from_mask(prompt_mask[distinct]))  # [U, P, H]
     lengths = (response_mask > 0).sum(dim=1).tolist()  # [B] valid tokens per row (a prefix of the row)
     parts, order = [], []
     for rows, longest in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
-        idx = torch.tensor(rows, device=response_ids.device) if len(rows) < B else slice(None)
+        idx = torch.tensor(rows, device=response_ids.device)
         width = max(longest, 1)
-        hidden = _shared_prompt_pass(model, prompt_ids[idx], prompt_mask[idx], response_ids[idx, :width],
-                                     response_mask[idx, :width])  # [b, width, H]
+        hidden = prompt_out[copies[idx], -1:]  # [b, 1, H], predicts response token 0
+        if width > 1:
+            mask = torch.cat([prompt_mask[idx].long(), (response_mask[idx, : width - 1] > 0).long()], dim=1)
+            rest = prompts.select(copies[idx]).run(
+                body, inputs_embeds=response_embeds[idx, : width - 1], attention_mask=mask,
+                position_ids=positions_from_mask(mask)[:, P:])  # [b, width-1, H]
+            hidden = torch.cat([hidden, rest], dim=1)  # [b, width, H]
         parts.append(F.pad(hidden, (0, 0, 0, T - width)))  # [b, T, H], zeros past the group's longest row
         order += rows
-    if len(parts) == 1:
-        return parts[0]
     inverse = torch.empty(B, dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(B)
     return torch.cat(parts)[inverse.to(response_ids.device)]  # [B, T, H], the caller's row order
 
 
-GROUP_OVERHEAD_TOKENS = 160  # one more forward+backward costs about as much as 160 more tokens (xs model, CPU)
+# One more length group costs about as much as this many more tokens: on the xs tiny model its
+# per-operator costs, on SmolLM2-135M the full weight gradient it writes and adds once more (CPU, one
+# thread, bench/real_model.py's batch: 16 to 160 agree within noise on both, 3 is 25% slower on SmolLM2).
+GROUP_OVERHEAD_TOKENS = 64
 
 
 def length_groups(lengths: list[int], overhead: int) -> list[tuple[list[int], int]]:
@@ -173,29 +195,6 @@ def length_groups(lengths: list[int], overhead: int) -> list[tuple[list[int], in
         groups.append(([order[k] for k in range(a, b)], values[a]))
         a = b
     return groups
-
-
-def _shared_prompt_pass(model, prompt_ids, prompt_mask, response_ids, response_mask) -> Tensor:
-    """The hidden states of cat(prompt, response[:-1]) with each distinct prompt run once: [B, T, H]."""
-    body = getattr(model, model.base_model_prefix)
-    P, T = prompt_ids.shape[1], response_ids.shape[1]
-    attention_mask = torch.cat([prompt_mask.long(), (response_mask[:, :-1] > 0).long()], dim=1)  # [B, P+T-1]
-    position_ids = positions_from_mask(attention_mask)  # [B, P+T-1]
-    distinct, copies = distinct_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))  # [U], [B]
-    if distinct is None:  # no prompt is shared: one pass over cat(prompt, response[:-1])
-        input_ids = torch.cat([prompt_ids, response_ids[:, :-1]], dim=1)  # [B, P+T-1]
-        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        return out.last_hidden_state[:, P - 1 :]  # [B, T, H]
-    cache = DynamicCache(config=model.config)
-    prompt = body(input_ids=prompt_ids[distinct], attention_mask=prompt_mask[distinct].long(),
-                  position_ids=position_ids[distinct, :P], cache=cache, use_cache=True).last_hidden_state  # [U, P, H]
-    cache.batch_select_indices(copies)  # [B, ...]: every row gets its prompt's keys and values
-    first = prompt[copies, -1:]  # [B, 1, H], predicts response token 0
-    if T == 1:
-        return first
-    rest = body(input_ids=response_ids[:, :-1], attention_mask=attention_mask, position_ids=position_ids[:, P:],
-                cache=cache, use_cache=True).last_hidden_state  # [B, T-1, H]
-    return torch.cat([first, rest], dim=1)  # [B, T, H]
 
 
 def distinct_rows(rows: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -256,8 +255,9 @@ def chunked_logprobs(
     return _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entropy=True)
 
 
-def chunk_shape(tokens: int, vocab: int, chunk_size: int | None = None) -> tuple[int, int]:
-    """(tokens, vocab entries) of one logits block: at most CHUNK_ELEMENTS logits.
+def chunk_shape(tokens: int, vocab: int, chunk_size: int | None = None,
+                elements: int | None = None) -> tuple[int, int]:
+    """(tokens, vocab entries) of one logits block: at most ``elements`` (default CHUNK_ELEMENTS) logits.
 
     Tokens per chunk are chunk_size (default min(tokens, DEFAULT_CHUNK_TOKENS)); the vocabulary is
     then split into blocks of CHUNK_ELEMENTS // that many entries (at least 1, at most vocab).
@@ -268,7 +268,7 @@ def chunk_shape(tokens: int, vocab: int, chunk_size: int | None = None) -> tuple
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     rows = chunk_size if chunk_size is not None else max(1, min(tokens, DEFAULT_CHUNK_TOKENS))
-    return rows, min(vocab, max(1, CHUNK_ELEMENTS // rows))
+    return rows, min(vocab, max(1, (elements or CHUNK_ELEMENTS) // rows))
 
 
 def outside_support(z: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -352,7 +352,8 @@ def _chunked(hidden, weight, bias, targets, temperature, chunk_size, with_entrop
         raise ValueError(f"hidden {tuple(hidden.shape)} must be [N, H] and weight {tuple(weight.shape)} [V, H]")
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets {tuple(targets.shape)} must be [N] = {tuple(hidden.shape[:1])}")
-    block = chunk_shape(hidden.shape[0], weight.shape[0], chunk_size)
+    elements = CPU_CHUNK_ELEMENTS if hidden.device.type == "cpu" else CHUNK_ELEMENTS
+    block = chunk_shape(hidden.shape[0], weight.shape[0], chunk_size, elements)
     logp, entropy = _ChunkedLogProb.apply(hidden, weight, bias, targets, temperature, block, with_entropy)
     return logp, (entropy if with_entropy else None)
 

@@ -47,6 +47,20 @@ def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
     return torch.log_softmax(z, dim=-1)
 
 
+def sample_tokens(logp: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of exp(logp) [B, V], drawn by inverting the row's CDF with one uniform number: [B].
+
+    A row's token is the first index whose cumulative probability exceeds u * total, u ~ U[0, 1); the
+    sums are taken in float64, so rounding moves about 1e-16 of probability. A token of probability 0
+    (outside top-k / top-p) is never drawn. torch.multinomial draws one exponential number per vocabulary
+    entry instead: at 49k tokens that was a fifth of a decode step on CPU.
+    """
+    cdf = logp.exp().cumsum(dim=-1, dtype=torch.float64)  # [B, V]
+    u = torch.rand(logp.shape[0], 1, generator=generator, dtype=torch.float64, device=logp.device)  # [B, 1]
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [B, 1]
+    return token.squeeze(1).clamp_(max=logp.shape[1] - 1)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """An inference engine holding its own copy of the policy weights."""

@@ -1,7 +1,9 @@
 """The Hugging Face rollout engine: batched sampling with a KV cache and its own decode loop.
 
 The engine owns a private copy of the policy (optionally in bfloat16 or with another attention
-implementation, which is how train–inference mismatch is produced on purpose). Each step it
+implementation, which is how train–inference mismatch is produced on purpose), or, with
+``share_weights``, runs the trainer's own module (in eval mode while it samples; sync mode, where
+nothing trains meanwhile: no second copy of the weights, nothing to push). Each step it
 samples from ``sampling_logprobs`` and records the exact log-prob of the sampled token, the
 policy version that sampled it and, with ``record_routing`` on a MoE model, the experts routed
 at every position it runs, prompt included (rollout routing replay, R3; docs/router_replay.md).
@@ -19,6 +21,7 @@ what it would have sampled in the full batch).
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +31,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from vespo.models.loading import resolve_dtype
 from vespo.models.logprobs import distinct_rows, positions_from_mask
 from vespo.models.moe import is_moe, moe_routers, record_routing, stack_routing
-from vespo.rollout.base import SamplingParams, sampling_logprobs
+from vespo.rollout.base import SamplingParams, sample_tokens, sampling_logprobs
 from vespo.types import Rollout
 
 DROP_FRACTION = 8  # finished rows leave the decode batch once they are >= 1/8 of it
@@ -72,14 +75,23 @@ class HFEngine:
         attn_implementation: str | None = None,
         record_routing: bool = False,
         device: torch.device | str = "cpu",
+        share_weights: bool = False,
     ) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("HFEngine needs a tokenizer with both pad_token_id and eos_token_id set")
         self.device = torch.device(device)
-        self.model = copy.deepcopy(model).to(self.device, resolve_dtype(dtype)).eval()  # the engine's own weights
-        self.model.requires_grad_(False)
-        if attn_implementation is not None:
-            self.model.set_attn_implementation(attn_implementation)
+        self.shares_weights = share_weights
+        if share_weights:  # the trainer's own module: its weights are current whenever nothing trains
+            if (attn_implementation is not None or resolve_dtype(dtype) != model.dtype
+                    or model.device.type != self.device.type):
+                raise ValueError(f"HFEngine(share_weights=True) runs the model as it is ({model.dtype} on "
+                                 f"{model.device}); it cannot change its dtype, device or attention kernel")
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model).to(self.device, resolve_dtype(dtype)).eval()  # the engine's own weights
+            self.model.requires_grad_(False)
+            if attn_implementation is not None:
+                self.model.set_attn_implementation(attn_implementation)
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
         self.record_routing = record_routing and is_moe(self.model)
@@ -92,9 +104,13 @@ class HFEngine:
         return self._version
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Copy trainer weights in (cast to the engine dtype); every key must match."""
+        """Copy trainer weights in (cast to the engine dtype); every key must match. An engine sharing the
+        trainer's module given that module's own tensors has nothing to copy."""
         if version < self._version:
             raise ValueError(f"load_weights version {version} is older than the engine's {self._version}")
+        if self.shares_weights and _is_own_state(self.model, state_dict):
+            self._version = int(version)
+            return
         result = self.model.load_state_dict(state_dict, strict=False)
         missing = [k for k in result.missing_keys if k not in _tied_keys(self.model)]
         if missing or result.unexpected_keys:
@@ -116,10 +132,11 @@ class HFEngine:
 
     @torch.inference_mode()  # lighter than no_grad per op; finish() turns the state into normal tensors
     def advance(self, state: GenerationState, n_tokens: int) -> bool:
-        for _ in range(n_tokens):
-            if state.done:
-                break
-            self._sample_step(state, self._next_logits(state))
+        with _eval_mode(self.model):  # a shared trainer module may be in training mode
+            for _ in range(n_tokens):
+                if state.done:
+                    break
+                self._sample_step(state, self._next_logits(state))
         return state.done
 
     def finish(self, state: GenerationState) -> Rollout:
@@ -241,7 +258,7 @@ class HFEngine:
     def _sample_step(self, state: GenerationState, logits: Tensor) -> None:
         """Sample one token per row from the processed distribution; record its log-prob."""
         logp_all = sampling_logprobs(logits, state.sampling)  # [B, V]
-        token = torch.multinomial(logp_all.exp(), 1, generator=state.generator).squeeze(1)  # [B]
+        token = sample_tokens(logp_all, state.generator)  # [B]
         token = torch.where(state.alive, token, self.pad_id)
         logp = logp_all.gather(1, token[:, None]).squeeze(1)  # [B]
         state.tokens.append(token)
@@ -281,6 +298,23 @@ def _routing_of_positions(chunks: list[Tensor], real: Tensor) -> Tensor | None:
     routed = torch.cat(chunks, dim=1)  # [B, S, L, K], S <= P+T
     missing = routed.new_full((routed.shape[0], real.shape[1] - routed.shape[1], *routed.shape[2:]), -1)
     return torch.cat([routed, missing], dim=1).masked_fill(~real[:, :, None, None], -1)
+
+
+@contextmanager
+def _eval_mode(model: PreTrainedModel):
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+def _is_own_state(model: PreTrainedModel, state_dict: dict[str, Tensor]) -> bool:
+    """Whether every tensor of ``state_dict`` is ``model``'s own (the same storage), keys and all."""
+    own = model.state_dict()
+    return own.keys() == state_dict.keys() and all(
+        state_dict[k].data_ptr() == v.data_ptr() and state_dict[k].shape == v.shape for k, v in own.items())
 
 
 def _tied_keys(model: PreTrainedModel) -> set[str]:

@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from vespo.config import Config, OptimConfig
 from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
-from vespo.models import compile_decoder_layers, is_moe, record_routing
+from vespo.models import compile_decoder_layers, enable_checkpointing, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
 from vespo.models.moe import count_replay, moe_routers, stack_routing
 from vespo.trainer.distributed import Dist, full_tensor, local_device, shard_policy
@@ -91,6 +91,8 @@ class Learner:
         if self.replays:
             moe_routers(model)  # an MoE family replay does not know stops here, at start-up
         self.compiled = cfg.run.compile and compile_decoder_layers(model)  # eager (with a warning) where it cannot
+        if cfg.model.gradient_checkpointing:  # before FSDP wraps the layers; refused where it cannot act
+            enable_checkpointing(model, replays=self.replays)
         self.module = LogprobModule(self.model)  # what the training and behaviour forwards call
         if self.dist.active:  # one source of weights, then FSDP2; mixed precision replaces autocast
             self.dist.broadcast_state(self.module)
@@ -226,6 +228,7 @@ class Learner:
             return self._skip(metrics, result)
         with _lr_scaled(self.optimizer, metrics.get("optim/ess_lr_scale", 1.0)):
             self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free until the next backward
         self.scheduler.step()
         self.version += 1
         self.nonfinite_in_a_row = 0

@@ -41,9 +41,10 @@ class Run:
         the scorer), never a silent 0/1."""
         return self.scorer.score_problems(completions, problems).rewards
 
-    def make_engine(self, policy: PreTrainedModel):
-        """A rollout engine holding its own copy of ``policy`` (weights replaced by load_weights later)."""
-        return make_engine(self.cfg, policy, self.tokenizer)
+    def make_engine(self, policy: PreTrainedModel, share: bool = False):
+        """A rollout engine holding its own copy of ``policy`` (weights replaced by load_weights later), or,
+        with ``share`` where the engine can run the policy as it is, the policy itself."""
+        return make_engine(self.cfg, policy, self.tokenizer, share)
 
     def close(self) -> None:
         self.scorer.close()
@@ -161,16 +162,22 @@ def build_scorer(cfg: Config, task: Task | None) -> RewardScorer:
     return RewardScorer(math_verify_reward, timeout_s=10.0, num_workers=2)
 
 
-def make_engine(cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
-    """The rollout engine rollout.engine asks for, with its own copy of the weights."""
+def make_engine(cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share: bool = False):
+    """The rollout engine rollout.engine asks for, with its own copy of the weights; with ``share``, an HF
+    engine runs ``policy`` itself where it can run it as it is (the same dtype and device, eager layers):
+    one copy of the weights fewer in memory and no weight push per rollout step (sync mode, where nothing
+    trains while it samples)."""
     r = cfg.rollout
     if r.engine == "vllm":
         from vespo.rollout import VLLMEngine
 
         return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype)
-    from vespo.models import is_moe
+    from vespo.models import is_moe, resolve_dtype
     from vespo.models.device import resolve_device
     from vespo.rollout import HFEngine
 
-    return HFEngine(policy, tokenizer, dtype=r.engine_dtype, device=resolve_device(r.device, cfg.model.device),
+    device = resolve_device(r.device, cfg.model.device)
+    share = (share and not cfg.run.compile and resolve_dtype(r.engine_dtype) == policy.dtype
+             and torch.device(device).type == policy.device.type)
+    return HFEngine(policy, tokenizer, dtype=r.engine_dtype, device=device, share_weights=share,
                     record_routing=r.router_replay == "r3" and is_moe(policy))

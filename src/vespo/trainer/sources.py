@@ -44,7 +44,8 @@ class LocalSource:
         self.dist = dist or Dist.single()
         self.n = run.cfg.staleness.n
         self.max_lag = self.n - 1
-        self.engine = engine if engine is not None else run.make_engine(run.policy)
+        # the engine runs the learner's own module where it can (one process, nothing trains while it samples)
+        self.engine = engine if engine is not None else run.make_engine(run.policy, share=not self.dist.active)
         self.engine_version: int | None = None  # learner version whose weights the engine holds
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
         self.sampler = PromptSampler(run.tokenizer, self.stream, run.cfg.rollout.group_size)

