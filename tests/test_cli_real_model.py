@@ -1,6 +1,6 @@
 """The real-model route's user errors, each one line and exit status 2 from `vespo` (run in process): a missing
 or corrupt GGUF file, an unknown reasoning-gym dataset or option, a model without a chat template asked to
-use one."""
+use one, activation checkpointing where it cannot act."""
 
 import pytest
 
@@ -57,3 +57,12 @@ def test_a_model_without_a_chat_template_asked_to_use_one_is_one_line(vespo, tmp
     _one_line(vespo("train", *FAST, "task.name=rg:chain_sum", "task.options={}", "rollout.max_new_tokens=8",
                     f"run.out_dir={tmp_path / 'r'}"),
               "train", "task rg:chain_sum", "chat template", "task.options.chat=false")
+
+
+@pytest.mark.parametrize("replay", ["r2", "r3"])
+def test_checkpointing_with_router_replay_is_one_line(vespo, tmp_path, replay):
+    # a layer recomputed in backward would route afresh, so the replayed experts would not hold there
+    _one_line(vespo("train", *FAST, "model.arch=qwen3_moe", f"rollout.router_replay={replay}",
+                    "model.gradient_checkpointing=true", f"run.out_dir={tmp_path / 'r'}"),
+              "train", "model.gradient_checkpointing=true", "router replay")
+    assert not (tmp_path / "r").exists()  # refused before the run directory is made

@@ -1,14 +1,16 @@
 """share_prompts: each distinct prompt runs once for all its rows, with the same log-probs and gradients.
 
-The oracle is the plain path: one forward over every position of cat(prompt, response). Both run
-in float32 (the models' RMSNorm computes in float32 whatever the input dtype), so they agree to
-float32 rounding, not bit for bit.
+The oracle is the plain path: one forward over every position of cat(prompt, response). In float32
+(the models' RMSNorm computes in float32 whatever the input dtype) they agree to float32 rounding, not
+bit for bit; in float64, with norms that keep float64, to float64 rounding (and activation
+checkpointing changes nothing).
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from vespo.models import build_char_tokenizer, response_logprobs, tiny_model
+from vespo.models import build_char_tokenizer, enable_checkpointing, response_logprobs, tiny_model
 from vespo.models import logprobs
 from vespo.models.logprobs import distinct_rows, length_groups
 
@@ -76,6 +78,38 @@ def test_shared_prompts_match_one_pass(arch, T, overhead, monkeypatch):
     for name, grad in plain[2].items():
         scale = grad.abs().max().clamp(min=1e-6)
         assert torch.allclose(shared[2][name] / scale, grad / scale, atol=1e-5), name
+
+
+def float64_model(arch, seed=1):
+    """A tiny model in float64 whose RMSNorms stay in float64 (transformers' cast their input to float32, which
+    would bound any comparison by float32 rounding)."""
+    model = tiny_model(arch, "xs", tokenizer=build_char_tokenizer(), seed=seed).double().train()
+    for norm in (m for m in model.modules() if type(m).__name__.endswith("RMSNorm")):
+        norm.forward = lambda x, m=norm: F.rms_norm(x, m.weight.shape, m.weight, m.variance_epsilon)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])  # Qwen3-MoE's router softmax is float32 whatever the input
+@pytest.mark.parametrize("overhead", [0, 10**9])
+def test_shared_prompts_and_checkpointing_match_one_pass_in_float64(arch, overhead, monkeypatch):
+    # measured: the shared-prompt path differs by <= 2e-15 in log-probs and entropy and <= 2e-15 of the largest
+    # gradient entry; checkpointing by exactly 0
+    monkeypatch.setattr(logprobs, "GROUP_OVERHEAD_TOKENS", overhead)
+    batch = grouped_batch(build_char_tokenizer(), T=9)
+    coef = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * batch[3]
+    plain = logprobs_and_grads(float64_model(arch), batch, False, coef)
+    assert plain[0].dtype == torch.float64
+    for share, checkpointing in [(True, False), (True, True), (False, True)]:
+        model = float64_model(arch)
+        if checkpointing:
+            enable_checkpointing(model)
+        ours = logprobs_and_grads(model, batch, share, coef)
+        assert torch.allclose(ours[0], plain[0], rtol=0, atol=1e-12)
+        assert torch.allclose(ours[1], plain[1], rtol=0, atol=1e-12)
+        assert ours[2].keys() == plain[2].keys()
+        for name, grad in plain[2].items():
+            scale = grad.abs().max()
+            assert torch.allclose(ours[2][name] / scale, grad / scale, rtol=0, atol=1e-12), (share, name)
 
 
 def test_unshared_prompts_and_single_rows():

@@ -53,7 +53,8 @@ def response_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
-    """logp [B, T] float32 (with grad when enabled) and entropy [B, T] detached (or None).
+    """logp [B, T] float32 (float64 for a float64 model; with grad when enabled) and entropy [B, T] detached
+    (or None).
 
     prompt_ids/prompt_mask [B, P] left-padded; response_ids/response_mask [B, T] right-padded.
     routed_experts [B, P+T, L, K]: MoE experts to replay at every position of cat(prompt, response)
@@ -86,8 +87,9 @@ def response_logprobs(
         logp_valid, ent_valid = _chunked(
             hidden[valid], head.weight, head.bias, response_ids[valid], temperature, chunk_size, with_entropy
         )  # [N], [N] or None
-    logp = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)  # [B, T]
-    logp = logp.masked_scatter(valid, logp_valid.float())
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    logp = torch.zeros(valid.shape, dtype=dtype, device=hidden.device)  # [B, T]
+    logp = logp.masked_scatter(valid, logp_valid.to(dtype))
     entropy = None
     if with_entropy:
         entropy = torch.zeros_like(logp, requires_grad=False).masked_scatter(valid, ent_valid.detach())
