@@ -88,8 +88,8 @@ def test_two_ranks_take_the_one_process_updates_and_log_the_same_diagnostics(ran
             assert relative(two["moments"][name][key], value) < 1e-5, (name, key)
     for a, b in zip(one["metrics"], two["metrics"]):
         assert a["is/log_w_max"] != 0.0 and set(a) == set(b)  # off policy: W != 1, the check is not vacuous
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+        for key in a:  # abs: about 2 float32 ulps of a log-prob near -4 (a log-ratio near 0 keeps their rounding)
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
 
 
 def test_checkpoints_load_on_another_number_of_ranks(ranks_and_one):
