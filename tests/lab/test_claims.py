@@ -256,7 +256,7 @@ def test_a_sweep_that_was_not_run(tmp_path, synthetic):
     ({"paper": "p", "sweep": "st", "compare": {"a": {}, "b": {}}, "expect": "bigger"}, "expect 'bigger' is not valid"),
     ({"paper": "p", "sweep": "st", "compare": {"a": {}, "b": {}}, "expect": {"within": -1}}, "within: margin > 0"),
     ({"paper": "p", "sweep": "st", "collapses": {}, "expect": "greater"}, "not valid for collapses"),
-    ({"paper": "p", "sweep": "st", "collapses": {}, "expect": "most", "metric": "speed"}, "metric 'speed' unknown"),
+    ({"paper": "p", "sweep": "st", "collapses": {}, "expect": "most", "metric": "speed"}, "metric: Input should be 'eval_sampled', 'eval_greedy'"),
     ({"sweep": "st", "collapses": {}, "expect": "most"}, "paper: Field required"),
     ({"paper": "p", "sweep": "st", "collapses": {}, "expect": "most", "color": 1}, "color: Extra inputs"),
     ({"paper": "p", "sweep": "st", "across": {"a": {}}, "expect": "increasing"}, "over: Field required"),

@@ -1,10 +1,9 @@
 """The paper's claims, each a typed judge of the table of runs: ``claim.judge(runs) -> Verdict``.
 
-configs/lab/claims.yaml lists them; each names a sweep, one kind of evidence (KINDS; docs/lab.md) and
-what the paper expects. A comparison is a t-test of paired differences against the claim's line (0, or
-its margin: p < 0.10 <=> the 90% interval shown excludes the line); a "stabler" one is McNemar's exact
-test. `decide` corrects every test of the page together (Holm) and reads each verdict on three metrics
-(READINGS): where they differ, it depends on the metric.
+configs/lab/claims.yaml lists them; each names a sweep, one kind of evidence (KINDS; docs/lab.md, Claims)
+and what the paper expects. A comparison is a t-test of paired differences against the claim's line; a
+"stabler" one is McNemar's exact test. `decide` corrects every test of the page together (Holm) and reads
+each verdict on three metrics (READINGS): where they differ, it depends on the metric.
 """
 
 from __future__ import annotations
@@ -12,17 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, ValidationError
 
 from vespo.config import load_yaml
 from vespo.lab.grid import SEED_AXIS, Sweep, one_line
 from vespo.lab.runs import METRICS, by_seed, select
-from vespo.lab.stats import (FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci,
-                             p_value, paired, rate_ci)
+from vespo.lab.stats import FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci, \
+    p_value, paired, rate_ci
 
 AGREES, DISAGREES, UNRESOLVED, PARTLY, NOT_RUN, NO_VERDICT, TOO_FEW, DEPENDS = (
     "agrees", "disagrees", "not resolved", "partly", "not run", "—", "too few seeds", "depends on the metric")
@@ -31,6 +30,7 @@ ROBUST_SHARE, ROBUST_SEEDS = 0.9, 5  # robust: at least this share of at least t
 READINGS = {"eval_sampled": "held-out sampled", "eval_greedy": "greedy", "eval_last": "last-quarter mean"}
 SETTLED_BAND = 0.02  # curves have settled where the last quarter's rise lies within +-this (about one evaluation's SD)
 Where = dict[str, Any]
+Wheres = Annotated[list[Where], BeforeValidator(lambda v: v if isinstance(v, list) else [v])]
 
 
 class ClaimsError(ValueError):
@@ -73,7 +73,8 @@ def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan) -> 
     if expect == "within":
         inside, on = abs(ci.mean) < margin, np.abs(x) < margin
         p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
-        return Test(name, text, p, 1 if inside else -1, ci.n, float(np.mean(on if inside else ~on)) if ci.n else 0, ci=ci)
+        share = float(np.mean(on if inside else ~on)) if ci.n else 0
+        return Test(name, text, p, 1 if inside else -1, ci.n, share, ci=ci)
     line, sign = (margin if expect == "at_least" else 0.0), (-1 if expect in ("less", "decreasing") else 1)
     side = sign * (1 if ci.mean > line else -1)
     share = float(np.mean(np.sign(x - line) == side * sign)) if ci.n else 0.0
@@ -95,22 +96,16 @@ class Claim(BaseModel):
     paper: str
     sweep: str
     expect: str | dict[str, float]
-    metric: str = "eval_sampled"
+    metric: Literal[tuple(METRICS)] = "eval_sampled"
     where: str = ""  # "claims.yaml, claim 3" (set when loaded)
-
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"metric {v!r} unknown; choose one of {', '.join(METRICS)}")
-        return v
 
     def model_post_init(self, _: Any) -> None:
         margin = isinstance(self.expect, dict)
         if self.kind not in self.EXPECT or margin != (self.kind in ("within", "at_least")) or (
                 margin and (len(self.expect) != 1 or (self.kind == "within" and self.margin <= 0))):
+            choices = (f"{{{e}: margin > 0}}" if e in ("within", "at_least") else e for e in self.EXPECT)
             raise ValueError(f"expect {self.expect!r} is not valid for {type(self).__name__.lower()}; choose one of "
-                             + ", ".join(f"{{{e}: margin > 0}}" if e in ("within", "at_least") else e for e in self.EXPECT))
+                             + ", ".join(choices))
 
     @property
     def kind(self) -> str:
@@ -140,7 +135,7 @@ class Compare(Claim):
     """a - b over seeds, for each b."""
 
     a: Where
-    b: list[Where]
+    b: Wheres
 
     def pairs(self, runs: pd.DataFrame) -> list[tuple[str, Where, Where]]:
         return [(f"vs {_text(b, self.a)}", self.a, b) for b in self.b]
@@ -154,7 +149,7 @@ class Across(Compare):
     """a - b at each value of `over` (or those in `at`); increasing | decreasing: each step of `over`."""
 
     EXPECT: ClassVar[tuple[str, ...]] = Claim.EXPECT + ("increasing", "decreasing")
-    b: list[Where] = []
+    b: Wheres = []
     over: str
     at: list[str] | None = None
 
@@ -183,24 +178,33 @@ class Stabler(Claim):
 
     EXPECT: ClassVar[tuple[str, ...]] = ("greater",)
     a: Where
-    b: list[Where]
+    b: Wheres
     over: str = "lr"
 
     def readings(self) -> list[str]:
         return ["collapsed"]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
-        usable, out = runs[runs.usable], []
-        a = select(usable, self.a).set_index([SEED_AXIS, self.over])["collapsed"]
+        def collapsed(where: Where) -> pd.Series:
+            return select(runs[runs.usable], where).set_index([SEED_AXIS, self.over])["collapsed"]
+
+        out = []
         for b in self.b:
-            both = pd.concat([a, select(usable, b).set_index([SEED_AXIS, self.over])["collapsed"]], axis=1, join="inner")
-            x, y = both.iloc[:, 0], both.iloc[:, 1]
+            x, y = pd.concat([collapsed(self.a), collapsed(b)], axis=1, join="inner").T.to_numpy(dtype=bool)
             only_a, only_b = int((x & ~y).sum()), int((~x & y).sum())
-            text = f"{len(both)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs " \
+            text = f"{len(x)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs " \
                 f"{only_b}"
-            out.append(Test(f"vs {_text(b, self.a)}", text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1,
-                            len(both), max(only_a, only_b) / max(1, only_a + only_b)))
+            out.append(Test(f"vs {_text(b, self.a)}", text, exact_paired_p(only_a, only_b),
+                            1 if only_b > only_a else -1, len(x), max(only_a, only_b) / max(1, only_a + only_b)))
         return out
+
+
+class Control(BaseModel):
+    """Runs where the collapse rule fires, beside a "no collapse" claim."""
+
+    model_config = ConfigDict(extra="forbid")
+    sweep: str
+    where: Where
 
 
 class Collapses(Claim):
@@ -208,13 +212,10 @@ class Collapses(Claim):
 
     EXPECT: ClassVar[tuple[str, ...]] = ("most", "some", "none")
     select: Where
-    control: dict | None = None  # {sweep, where}: runs where the rule fires
+    control: Control | None = None
 
     def model_post_init(self, _: Any) -> None:
         super().model_post_init(_)
-        c = self.control
-        if c is not None and (set(c) != {"sweep", "where"} or not isinstance(c["where"], dict)):
-            raise ValueError("control must be {sweep: NAME, where: {axis: value}}")
         if self.kind == "none" and self.control is None:
             raise ValueError("a 'none' collapse claim needs a control: {sweep, where} selecting runs where the rule "
                              "fires (otherwise 'no collapse' says nothing about the loss)")
@@ -224,13 +225,13 @@ class Collapses(Claim):
         if mine.empty:
             return Verdict(self, text=f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
         dead, text = int(mine.collapsed.sum()), collapse_text(mine)
-        verdict = {"none": AGREES if dead == 0 else DISAGREES, "some": AGREES if dead else UNRESOLVED}.get(self.kind) or (
-            TOO_FEW if dead == 0 and rate_ci(0, len(mine)).high >= 0.5 else  # too few runs to rule out "most"
-            AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
+        verdict = {"none": AGREES if dead == 0 else DISAGREES, "some": AGREES if dead else UNRESOLVED}.get(
+            self.kind) or (TOO_FEW if dead == 0 and rate_ci(0, len(mine)).high >= 0.5 else  # too few to rule out "most"
+                           AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
         if self.control is None:
             return Verdict(self, text=text, verdict=verdict)
-        control = select(runs[(runs.sweep == self.control["sweep"]) & runs.usable], self.control["where"])
-        name = f"{self.control['sweep']} {_text(self.control['where'])}"
+        c = self.control
+        control, name = select(runs[(runs.sweep == c.sweep) & runs.usable], c.where), f"{c.sweep} {_text(c.where)}"
         if control.empty:
             return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire",
                            verdict=UNRESOLVED)
@@ -244,8 +245,8 @@ class Collapses(Claim):
 def collapse_text(runs: pd.DataFrame) -> str:
     """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
     dead, reasons = int(runs.collapsed.sum()), runs[runs.collapsed].reason.value_counts().sort_index()
-    return f"{dead}/{len(runs)} runs collapsed" + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if
-                                                    dead else "") + f", rate {ci_text(rate_ci(dead, len(runs)), digits=2)}"
+    why = " (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if dead else ""
+    return f"{dead}/{len(runs)} runs collapsed{why}, rate {ci_text(rate_ci(dead, len(runs)), digits=2)}"
 
 
 def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
@@ -263,39 +264,47 @@ KINDS: dict[str, type[Claim]] = {"compare": Compare, "across": Across, "stabler"
 # ---------------------------------------------------------------- the file
 
 
-@dataclass
-class Claims:
-    claims: list[Claim]
+class Setting(BaseModel):
+    """A line of the page's recommendation (vespo.lab.recommend): a sweep, the axis it picks among, and the
+    values of another axis it is given at."""
+
+    model_config = ConfigDict(extra="forbid")
+    setting: str
+    sweep: str
+    among: str
+    over: str | None = None
+    at: list[str] | None = None
+
+
+class Claims(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    claims: list[Any]  # each a Claim once loaded
     headline: str | None = None  # the sweep whose headline figure leads the results page
-    recommend: list[dict] = field(default_factory=list)  # settings for the recommendation (vespo.lab.recommend)
-    together: list[list[int]] = field(default_factory=list)  # claims (1-based) read side by side
+    recommend: list[Setting] = []
+    read_together: list[list[PositiveInt]] = []  # claims (1-based) read side by side
     source: str = ""
 
 
 def load_claims(path: str | Path) -> Claims:
     path = Path(path)
-    data = load_yaml(path, "claims", ClaimsError)
-    if not isinstance(data.get("claims"), list) or set(data) - {"claims", "headline", "recommend", "read_together"}:
-        raise ClaimsError(f"{path}: expected a mapping with a 'claims' list and optionally headline, recommend, "
-                          f"read_together; got keys {sorted(data)}")
-    claims = [parse_claim(c, f"{path.name}, claim {i + 1}") for i, c in enumerate(data["claims"])]
-    together = data.get("read_together") or []
-    if not all(isinstance(t, list) and all(isinstance(i, int) and 1 <= i <= len(claims) for i in t) for t in together):
-        raise ClaimsError(f"{path}: read_together must be lists of claim numbers 1..{len(claims)}")
-    return Claims(claims, data.get("headline"), data.get("recommend") or [], together, str(path))
+    try:
+        claims = Claims.model_validate({**load_yaml(path, "claims", ClaimsError), "source": str(path)})
+    except ValidationError as e:
+        raise ClaimsError(f"{path}: {one_line(e)}") from None
+    claims.claims = [parse_claim(c, f"{path.name}, claim {i + 1}") for i, c in enumerate(claims.claims)]
+    if any(i > len(claims.claims) for t in claims.read_together for i in t):
+        raise ClaimsError(f"{path}: read_together must be lists of claim numbers 1..{len(claims.claims)}")
+    return claims
 
 
 def parse_claim(entry: Any, where: str) -> Claim:
     kinds = [k for k in KINDS if k in entry] if isinstance(entry, dict) else []
     if len(kinds) != 1:
         raise ClaimsError(f"{where}: give exactly one of {', '.join(KINDS)}, got {kinds or entry!r}")
-    kind, body = kinds[0], entry[kinds[0]]
-    if kind in ("compare", "across", "stabler"):
-        if not isinstance(body, dict):
-            raise ClaimsError(f"{where}: {kind} must be a mapping {{a: ..., b: ...}}")
-        body = {**body, **({"b": body["b"] if isinstance(body["b"], list) else [body["b"]]} if "b" in body else {})}
-    else:
-        body = {"select": body}
+    kind = kinds[0]
+    body = {"select": entry[kind]} if kind == "collapses" else entry[kind]
+    if not isinstance(body, dict):
+        raise ClaimsError(f"{where}: {kind} must be a mapping {{a: ..., b: ...}}")
     try:
         return KINDS[kind].model_validate({**{k: v for k, v in entry.items() if k != kind}, **body, "where": where})
     except ValidationError as e:
@@ -323,10 +332,11 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
                 free = [a for a in values if a not in (SEED_AXIS, over) and len(values[a]) > 1 and a not in side]
                 if free and not isinstance(c, Collapses):
                     raise ValueError(f"{side} leaves the axis/axes {free} open; a comparison names one condition")
-            if isinstance(c, Collapses) and c.control is not None and (strict or c.control["sweep"] in sweeps):
-                if c.control["sweep"] not in sweeps:
-                    raise ValueError(f"control sweep {c.control['sweep']!r} is not one of {sorted(sweeps)}")
-                check_where(sweeps[c.control["sweep"]].values, c.control["where"])
+            control = getattr(c, "control", None)
+            if control is not None and (strict or control.sweep in sweeps):
+                if control.sweep not in sweeps:
+                    raise ValueError(f"control sweep {control.sweep!r} is not one of {sorted(sweeps)}")
+                check_where(sweeps[control.sweep].values, control.where)
         except ValueError as e:
             raise ClaimsError(f"{c.where}: sweep {c.sweep!r}: {e}") from None
 

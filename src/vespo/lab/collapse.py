@@ -1,18 +1,8 @@
-"""Collapse detection: did a run die, and when? Judged on the same evidence at every N, and the rule's
-error rates on simulated runs of the lab's own schedules.
-
-The evidence is a series of points taken after the same optimizer steps in every run: the held-out
-evaluations the trainer makes every run.eval_every_updates updates (the lab: every 64 on 256 problems),
-the evaluation before training the starting best; for a run without them, the training reward over
-windows of ``rule.every`` updates (the same samples at every N). The EOS rate and skipped updates are
-read over the same windows. A run has collapsed when the first of these happens: **nonfinite** (an update
-skipped for a non-finite loss or gradient, or the trainer stopped the run for it), **reward** (below
-``fraction`` x its best so far through the last ``patience`` points or more), **eos** (the share of
-responses ending with EOS below ``eos_floor`` as long).
-
-RULE catches 19 in 20 falls to a half down to a third at 4 and at 8 evaluations (`rates`); PREVIOUS (half
-the best for two evaluations) missed 4 to 6 in 10. A simulated run: a rising true accuracy with a slow
-AR(1) wobble on the logit scale, evaluations drawn binomially; scenarios SCENARIOS.
+"""Collapse detection (docs/lab.md, Collapse): did a run die, and when? Judged on points taken after the same
+optimizer steps in every run: the held-out evaluations during training (the one before training the starting
+best), else the training reward over windows of ``rule.every`` updates; the EOS rate and skipped updates over
+the same windows. ``rates`` measures the rule on simulated runs of the lab's own schedules: a rising true
+accuracy with a slow AR(1) wobble on the logit scale, evaluations drawn binomially (SCENARIOS).
 """
 
 from __future__ import annotations
@@ -23,6 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy.signal import lfilter
+from scipy.special import expit, logit
 
 
 @dataclass(frozen=True)
@@ -73,23 +65,15 @@ def detect_collapse(rewards: Sequence[float], skipped: Sequence[float] | None = 
             raise ValueError(f"{name} has {len(seq)} points but rewards has {len(rewards)}")
     bad = [i for i, (r, s) in enumerate(zip(rewards, skipped or [0.0] * len(rewards)))
            if not math.isfinite(r) or s > 0 or not math.isfinite(s)]
-    found = []
-    if bad or stopped_nonfinite:
-        found.append(Collapse(True, "nonfinite", bad[0] + 1 if bad else len(rewards) + 1))
+    found = [Collapse(True, "nonfinite", bad[0] + 1 if bad else len(rewards) + 1)] if bad or stopped_nonfinite else []
     best = np.fmax.accumulate(np.r_[start if start is not None and math.isfinite(start) else -np.inf, rewards])[1:]
     fallen = (best >= rule.min_best) & (np.asarray(rewards, dtype=float) < rule.fraction * best)
-    found += [_through_end(fallen, "reward", rule),
-              _through_end(np.asarray(eos_rates, dtype=float) < rule.eos_floor if eos_rates else None, "eos", rule)]
-    found = [c for c in found if c.collapsed]
+    eos = np.asarray(eos_rates, dtype=float) < rule.eos_floor if eos_rates else np.zeros(0, bool)
+    for reason, down in (("reward", fallen), ("eos", eos)):  # the run of fallen points that reaches the end
+        first = len(down) - int(np.argmin(down[::-1])) if len(down) and not down.all() else 0
+        if len(down) and down[-1] and len(down) - first >= rule.patience:
+            found.append(Collapse(True, reason, first + 1))
     return min(found, key=lambda c: c.step) if found else Collapse(False)
-
-
-def _through_end(fallen: np.ndarray | None, reason: str, rule: CollapseRule) -> Collapse:
-    """Collapsed at the first point of the run of fallen points that reaches the end, if long enough."""
-    if fallen is None or not len(fallen) or not fallen[-1]:
-        return Collapse(False)
-    first = len(fallen) - int(np.argmin(fallen[::-1])) if not fallen.all() else 0
-    return Collapse(True, reason, first + 1) if len(fallen) - first >= rule.patience else Collapse(False)
 
 
 @dataclass(frozen=True)
@@ -105,21 +89,21 @@ class Evidence:
 def evidence_of_rows(rows: list[dict], n: int, before: float | None = None, rule: CollapseRule = RULE) -> Evidence:
     """The points a run is judged on. Row k (1-based) of a run at N holds the samples trained in
     updates (k - 1) x N .. k x N - 1; its evaluation (if any) comes after k x N updates."""
-    for i, row in enumerate(rows):
-        if "reward/mean" not in row:
-            raise ValueError(f"metrics row {i} (step {row.get('step')}) has no 'reward/mean'")
+    if (bad := next((i for i, row in enumerate(rows) if "reward/mean" not in row), None)) is not None:
+        raise ValueError(f"metrics row {bad} (step {rows[bad].get('step')}) has no 'reward/mean'")
     done = [int(r["step"]) * n for r in rows]  # updates done after each row
-    evals = [(u, float(r["eval/reward_sampled"])) for u, r in zip(done, rows) if "eval/reward_sampled" in r]
-    last = max(done, default=0)
-    ends = [u for u, _ in evals] or sorted({min(math.ceil(u / rule.every) * rule.every, last) for u in done})
+    evals = [float(r["eval/reward_sampled"]) for r in rows if "eval/reward_sampled" in r]
+    ends = [u for u, r in zip(done, rows) if "eval/reward_sampled" in r] or sorted(
+        {min(math.ceil(u / rule.every) * rule.every, max(done)) for u in done})
     windows = [[r for u, r in zip(done, rows) if lo < u <= hi] for lo, hi in zip([0] + ends[:-1], ends)]
+
+    def mean(key: str) -> list[float]:
+        return [float(np.mean([r[key] for r in w])) if w else math.nan for w in windows]
+
     skipped = [sum(float(r.get("optim/n_skipped", 0.0)) for r in w) for w in windows]
-    eos = [float(np.mean([r["rollout/eos_rate"] for r in w])) if w else math.nan for w in windows] \
-        if all("rollout/eos_rate" in r for r in rows) else None
-    if evals:
-        return Evidence("held-out", ends, [v for _, v in evals], skipped, eos, before)
-    rewards = [float(np.mean([r["reward/mean"] for r in w])) if w else math.nan for w in windows]
-    return Evidence("train", ends, rewards, skipped, eos, None)
+    eos = mean("rollout/eos_rate") if all("rollout/eos_rate" in r for r in rows) else None
+    return Evidence("held-out", ends, evals, skipped, eos, before) if evals else \
+        Evidence("train", ends, mean("reward/mean"), skipped, eos, None)
 
 
 def collapse_of_rows(rows: list[dict], n: int = 1, before: float | None = None, stopped_nonfinite: bool = False,
@@ -158,13 +142,10 @@ def true_accuracy(rng: np.random.Generator, runs: int, wobble: float, fall: str,
     u = np.arange(updates + 1)  # [U + 1]
     end = rng.uniform(*END_RANGE, size=(runs, 1))  # [runs, 1]
     rise = (1 - np.exp(-3 * u / updates)) / (1 - math.exp(-3))  # [U + 1], 0 -> 1
-    logit = _logit(START) + (_logit(end) - _logit(START)) * rise  # [runs, U + 1]
     rho = math.exp(-1 / WOBBLE_UPDATES)
     noise = rng.standard_normal((runs, updates + 1)) * wobble * math.sqrt(1 - rho ** 2)
-    w = np.zeros((runs, updates + 1))
-    for i in range(1, updates + 1):
-        w[:, i] = rho * w[:, i - 1] + noise[:, i]
-    p = 1 / (1 + np.exp(-(logit + w)))
+    noise[:, 0] = 0.0  # the wobble starts at 0: w[i] = rho w[i - 1] + noise[i]
+    p = expit(logit(START) + (logit(end) - logit(START)) * rise + lfilter([1.0], [1.0, -rho], noise, axis=1))
     if fall == "collapse":
         at = rng.integers(EVERY, updates, size=runs)  # [runs]
         depth = rng.uniform(*DEPTHS, size=runs)  # [runs]
@@ -186,10 +167,6 @@ def rates(rule: CollapseRule = RULE, runs: int = 1000, seed: int = 0) -> tuple[R
             p = true_accuracy(rng, runs, wobble, fall, updates)
             before = rng.binomial(BEFORE_PROBLEMS, p[:, 0]) / BEFORE_PROBLEMS  # [runs]
             points = rng.binomial(EVAL_PROBLEMS, p[:, EVERY::EVERY]) / EVAL_PROBLEMS  # [runs, updates / EVERY]
-            flagged = [detect_collapse(list(points[i]), rule=rule, start=float(before[i])).collapsed for i in range(runs)]
+            flagged = [detect_collapse(list(x), rule=rule, start=float(b)).collapsed for x, b in zip(points, before)]
             out.append(Rate(scenario, points.shape[1], float(np.mean(flagged)), runs))
     return tuple(out)
-
-
-def _logit(p):
-    return np.log(p / (1 - p))

@@ -1,15 +1,8 @@
-"""The lab's figures, drawn from a sweep's table of runs (matplotlib, Agg backend).
-
-    write_figures(sweep, runs, out)   every figure a sweep gets; returns their paths
-    curve_figure     one panel per value of an axis, one curve per value of another: a metric's seed
-                     mean (min-max band) against optimizer steps
-    headline_figure  final held-out accuracy against N per loss, each loss minus the reference loss per
-                     N paired by seed with its interval, and the training curves of every N
-    lr_figure        final reward and collapse rate (exact interval) against the learning rate
-
-Every curve is plotted against optimizer steps, the axis comparable across N, averaged in windows of
-max(N, run / 32) updates. A loss has one colour and one name in every figure (vespo.plot.color_of,
-display_name).
+"""The lab's figures from a sweep's table of runs (matplotlib, Agg; docs/lab.md, `vespo report`): the headline
+(final accuracy against N per loss, each loss minus the reference paired by seed, the training curves), the lr
+figure (final reward and collapse rate against the learning rate) and one panel per value of an axis of a
+metric's curves. Curves run against optimizer steps, in windows of max(N, run / 32) updates; a loss has one
+colour and one name in every figure (vespo.plot.color_of, display_name).
 """
 
 from __future__ import annotations
@@ -36,10 +29,8 @@ LEVEL = f"{CONFIDENCE:.0%}"
 
 def _plt():
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     return plt
 
 
@@ -48,7 +39,6 @@ def value_colors(axis: str, values: list[str]) -> dict[str, str]:
     if axis in LOSS_AXES:
         return {v: color_of(v) for v in values}
     import matplotlib
-
     cmap = matplotlib.colormaps["viridis"]
     return {v: matplotlib.colors.to_hex(cmap(i / max(1, len(values) - 1) * 0.9)) for i, v in enumerate(values)}
 
@@ -74,37 +64,29 @@ def layout(sweep: Sweep, panel: str | None, curve: str | None) -> tuple[str | No
 def write_figures(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None,
                   curve: str | None = None) -> list[Path]:
     panel, curves = layout(sweep, panel, curve)
-    figures = []
-    if "loss" in sweep.conditions and "N" in sweep.conditions:
-        figures.append(headline_figure(sweep, runs, out / "headline.png"))
-    if LR_AXIS in sweep.conditions:
-        figures.append(lr_figure(sweep, runs, out / "lr.png"))
-    for stem, metric, ylabel, logy in CURVES:
-        figures.append(curve_figure(sweep, runs, panel, curves, metric, ylabel, logy, out / f"{stem}.png"))
-    return figures
+    figures = [headline_figure(sweep, runs, out / "headline.png")] if {"loss", "N"} <= set(sweep.conditions) else []
+    figures += [lr_figure(sweep, runs, out / "lr.png")] if LR_AXIS in sweep.conditions else []
+    return figures + [curve_figure(sweep, runs, panel, curves, metric, ylabel, logy, out / f"{stem}.png")
+                      for stem, metric, ylabel, logy in CURVES]
 
 
 def binned_curve(run, metric: str) -> pd.Series:
     """A run's metric against optimizer steps, averaged in windows of max(N, updates / BINS) updates."""
     x, y = run.series(metric)
     keep = np.isfinite(y)
-    if not keep.any():
-        return pd.Series(dtype=float)
-    width = max(run.n, run.updates / BINS)
-    frame = pd.DataFrame({"x": x[keep], "y": y[keep], "bin": (x[keep] // width).astype(int)}).groupby("bin").mean()
+    frame = pd.DataFrame({"x": x[keep], "y": y[keep], "bin": (x[keep] // max(run.n, run.updates / BINS)).astype(int)})
+    frame = frame.groupby("bin").mean()
     return pd.Series(frame.y.to_numpy(), index=frame.x.to_numpy())
 
 
 def draw_seed_mean(ax, runs: pd.DataFrame, metric: str, label: str, color: str) -> None:
     """The mean over seeds of the binned curves, and their min-max band."""
-    curves = [binned_curve(r, metric) for r in runs.record if r.rows]
-    curves = [c for c in curves if len(c)]
-    if not curves:
-        return
-    table = pd.concat(curves, axis=1).sort_index()  # [x, runs]
-    ax.plot(table.index, table.mean(axis=1), label=label, linewidth=1.3, color=color)
-    if len(curves) > 1:
-        ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=color, alpha=0.12)
+    curves = [c for c in (binned_curve(r, metric) for r in runs.record if r.rows) if len(c)]
+    if curves:
+        table = pd.concat(curves, axis=1).sort_index()  # [x, runs]
+        ax.plot(table.index, table.mean(axis=1), label=label, linewidth=1.3, color=color)
+        if len(curves) > 1:
+            ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=color, alpha=0.12)
 
 
 def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: list[str], metric: str, ylabel: str,
@@ -112,9 +94,9 @@ def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: li
     """One panel per value of ``panel``; in each, the seed-mean curve (and min-max band) per curve value."""
     plt = _plt()
     panels = conditions(sweep, runs, [panel] if panel else [])
-    cols = min(4, max(1, len(panels)))
-    fig, axs = plt.subplots(max(1, math.ceil(len(panels) / cols)), cols, figsize=(3.8 * cols, 3.0 * math.ceil(
-        len(panels) / cols)), squeeze=False, sharey=True, constrained_layout=True)
+    cols, rows = min(4, max(1, len(panels))), max(1, math.ceil(len(panels) / min(4, max(1, len(panels)))))
+    fig, axs = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * math.ceil(len(panels) / cols)), squeeze=False,
+                            sharey=True, constrained_layout=True)
     colors = value_colors(curves[0], sweep.values[curves[0]]) if curves else {}
     for ax, (key, cell) in zip(axs.flat, panels):
         for ck, sub in conditions(sweep, cell, curves):
@@ -130,9 +112,7 @@ def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: li
     axs[0][0].set_ylabel(ylabel)
     axs[0][0].legend(fontsize=7)
     fig.suptitle(f"{sweep.name}: {metric} (seed mean, min-max band)", fontsize=11)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_sampled") -> Path:
@@ -140,8 +120,7 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     Left, bottom: each loss minus the reference loss at each N, paired by seed, with its interval.
     Right: the training reward per N against optimizer steps."""
     plt = _plt()
-    losses = [v for v in sweep.values["loss"] if v in set(runs.loss)]
-    ns = [v for v in sweep.values["N"] if v in set(runs.N)]
+    losses, ns = ([v for v in sweep.values[a] if v in set(runs[a])] for a in ("loss", "N"))
     ref = sweep.reference.get("loss")
     fig = plt.figure(figsize=(16, 7), constrained_layout=True)
     left, right = fig.subfigures(1, 2, width_ratios=[1, 2.1])
@@ -154,11 +133,7 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
         shift = 2 ** ((i - (len(losses) - 2) / 2) * 0.06)  # spread the bars a little around each N
         pts = [(float(n) * shift, paired(by_seed(select(runs, {"loss": loss, "N": n}), metric),
                                          by_seed(select(runs, {"loss": ref, "N": n}), metric)).diff) for n in ns]
-        pts = [(x, d) for x, d in pts if d.n]
-        bottom.errorbar([x for x, _ in pts], [d.mean for _, d in pts], fmt="o-", color=color_of(loss),
-                        yerr=[[d.mean - d.low if d.resolved else 0 for _, d in pts],
-                              [d.high - d.mean if d.resolved else 0 for _, d in pts]],
-                        label=display_name(loss), markersize=3.5, linewidth=1.1, capsize=2.5)
+        _bars(bottom, [(x, d) for x, d in pts if d.n], color_of(loss), display_name(loss))
     if ref is not None:
         bottom.axhline(0.0, color=color_of(ref), linewidth=1.2)
         bottom.set_title(f"each loss minus {display_name(ref)}, paired by seed ({LEVEL} interval)", fontsize=9)
@@ -173,16 +148,13 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     for ax, n in zip(axs.flat, ns):
         for loss in losses:
             draw_seed_mean(ax, select(runs, {"loss": loss, "N": n}), "reward/mean", display_name(loss), color_of(loss))
-        ax.set_title(f"N = {n}", fontsize=10)
+        ax.set(title=f"N = {n}", xlabel="optimizer steps", ylabel="training reward")
+        ax.title.set_fontsize(10)
         ax.grid(alpha=0.3)
-        ax.set_xlabel("optimizer steps")
-        ax.set_ylabel("training reward")
     right.suptitle("training reward (seed mean, min-max band)", fontsize=10)
     fig.suptitle(f"{sweep.name}: final accuracy against staleness N, paired differences, and the curves behind them",
                  fontsize=12)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def _final_vs_x(ax, runs: pd.DataFrame, axis: str, labels: list[str], xs: list[float], metric: str, name: str,
@@ -200,25 +172,29 @@ def _final_vs_x(ax, runs: pd.DataFrame, axis: str, labels: list[str], xs: list[f
         ax.plot([x for x, _ in pts], [c.mean for _, c in pts], "o-", color=color, label=name, linewidth=1.4,
                 markersize=3.5)
         band = [(x, c) for x, c in pts if c.resolved]
-        ax.fill_between([x for x, _ in band], [c.low for _, c in band], [c.high for _, c in band], color=color, alpha=0.15)
+        ax.fill_between([x for x, _ in band], [c.low for _, c in band], [c.high for _, c in band], color=color,
+                        alpha=0.15)
+
+
+def _bars(ax, pts: list, color: str, label: str) -> None:
+    """Means with their intervals (x, Interval) as error bars."""
+    ax.errorbar([x for x, _ in pts], [d.mean for _, d in pts], fmt="o-", color=color, label=label, markersize=3.5,
+                yerr=[[d.mean - d.low if math.isfinite(d.low) else 0 for _, d in pts],
+                      [d.high - d.mean if math.isfinite(d.high) else 0 for _, d in pts]], linewidth=1.1, capsize=2.5)
 
 
 def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_sampled") -> Path:
     """Top: final reward against the learning rate per loss. Bottom: the collapse rate with its exact interval."""
     plt = _plt()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7.5), sharex=True, constrained_layout=True)
-    others = [a for a in sweep.conditions if a != LR_AXIS]
-    groups = conditions(sweep, runs, others)
+    groups = conditions(sweep, runs, [a for a in sweep.conditions if a != LR_AXIS])
     for i, (key, cell) in enumerate(groups):
         name = ", ".join(key) or "all"
-        color, label, points = color_of(name), display_name(name), lr_points(cell)
-        cell = cell.assign(lr_value=lr_of(cell).astype(str))
-        _final_vs_x(top, cell, "lr_value", [str(x) for x in points.index], list(points.index), metric, label, color)
-        rates = [(lr * 2 ** ((i - (len(groups) - 1) / 2) * 0.03), rate_ci(int(p.collapsed), int(p.runs)))
-                 for lr, p in points.iterrows() if p.runs]
-        bottom.errorbar([x for x, _ in rates], [r.mean for _, r in rates], fmt="o-", color=color, label=label,
-                        yerr=[[r.mean - r.low for _, r in rates], [r.high - r.mean for _, r in rates]],
-                        markersize=3.5, linewidth=1.1, capsize=2.5)
+        points = lr_points(cell)
+        _final_vs_x(top, cell.assign(lr_value=lr_of(cell).astype(str)), "lr_value", [str(x) for x in points.index],
+                    list(points.index), metric, display_name(name), color_of(name))
+        _bars(bottom, [(lr * 2 ** ((i - (len(groups) - 1) / 2) * 0.03), rate_ci(int(p.collapsed), int(p.runs)))
+                       for lr, p in points.iterrows() if p.runs], color_of(name), display_name(name))
     lrs = sorted(set(lr_of(runs)))
     for ax in (top, bottom):
         ax.set_xscale("log")
@@ -231,6 +207,10 @@ def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_s
                   "run)", fontsize=9)
     bottom.set(ylabel="collapse rate", ylim=(-0.05, 1.05), xlabel="learning rate")
     bottom.set_title(f"collapse rate against the learning rate ({LEVEL} exact interval)", fontsize=9)
+    return _save(plt, fig, out)
+
+
+def _save(plt, fig, out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

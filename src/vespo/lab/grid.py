@@ -1,17 +1,6 @@
-"""Sweep files: a base config plus a grid of overrides, expanded into one run per grid point (docs/lab.md).
-
-    name: staleness
-    base: bases/reverse16.yaml      # a config file (relative to this file) or an inline mapping
-    overrides: [optim.lr=1e-4]      # applied to every run
-    reference: {loss: vespo}        # what every other condition is paired against (default: loss vespo)
-    cost: {run_s: 80, jobs: 2}      # the file's assumption of one run's wall time (optional)
-    grid:                           # the Cartesian product of the axes, in this order
-      run.seed: [0, 1, 2]           # a config field and its values (label: SHORT, else the field)
-      loss: {vespo: [loss.name=vespo], grpo: [loss.name=grpo]}    # a named axis: label -> overrides
-    exclude: [{loss: grpo, seed: ["2"]}]          # grid points left out
-    description: "why the grid is what it is"   # printed above the sweep's tables
-
-A sweep directory's sweep.json is ``Sweep.record()``, read back by ``Sweep.from_record``.
+"""Sweep files (docs/lab.md, Sweep files): a base config plus a grid of overrides, expanded into one run per grid
+point, with an optional reference condition, cost assumption, excluded points and description. A sweep
+directory's sweep.json is ``Sweep.record()``, read back by ``Sweep.from_record``.
 """
 
 from __future__ import annotations
@@ -168,7 +157,8 @@ def _axes(grid: dict, path: Path) -> list[Axis]:
         if not spec or not isinstance(spec, (list, dict)):
             raise SweepError(f"{path}: grid.{key} must be a non-empty list of values or a mapping label -> overrides")
         if isinstance(spec, list):
-            axes.append(Axis(SHORT.get(key, key), [_label(v) for v in spec], [[f"{key}={_label(v, True)}"] for v in spec]))
+            axes.append(Axis(SHORT.get(key, key), [_label(v) for v in spec],
+                             [[f"{key}={_label(v, True)}"] for v in spec]))
             continue
         for k, v in spec.items():
             if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):

@@ -29,7 +29,8 @@ def command(job: Job, out: Path) -> list[str]:
 def start_local(args: list[str], log: Path) -> subprocess.Popen:
     """A process on this machine (a started run is anything with poll() and wait())."""
     with open(log, "a") as f:
-        return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **RUN_ENV})
+        return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, **RUN_ENV})
 
 
 class RayStarter:
@@ -45,7 +46,7 @@ class RayStarter:
         self.task = ray.remote(_run_on_node).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
 
     def __call__(self, args: list[str], log: Path) -> "RayStarter.Run":
-        return self.Run(self.ray, self.task.remote(args, str(log), RUN_ENV))
+        return self.Run(self.ray, self.task.remote(args, str(log)))
 
     class Run:
         def __init__(self, ray, ref):
@@ -65,9 +66,8 @@ class RayStarter:
             self.ray.shutdown()
 
 
-def _run_on_node(args: list[str], log: str, env: dict[str, str]) -> int:
-    with open(log, "a") as f:
-        return subprocess.call([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env})
+def _run_on_node(args: list[str], log: str) -> int:
+    return start_local(args, Path(log)).wait()
 
 
 def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_local) -> int:

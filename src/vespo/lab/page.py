@@ -1,10 +1,7 @@
-"""The results page, regenerated from run directories or archives (`vespo report ... --page docs/results.md`).
-
-Every sweep's report, figures and archive go to results/<sweep>/ beside the page (files there it no
-longer makes are removed, and results/in_progress/<sweep>/, which the page supersedes); the page gets
-the recommendation, how numbers are judged (coverage, error control, evaluation noise, the collapse
-rule's simulated and measured errors), the claims, the headline figure and each sweep's provenance
-and tables.
+"""The results page, regenerated from run directories or archives (`vespo report ... --page docs/results.md`):
+the template page.md filled with the recommendation, how numbers are judged (coverage, error control,
+evaluation noise, the collapse rule's simulated and measured errors), the claims, the headline figure and each
+sweep's provenance and tables. Every sweep's report, figures and archive go to results/<sweep>/ beside it.
 """
 
 from __future__ import annotations
@@ -29,7 +26,8 @@ from vespo.lab.stats import ci_text, rate_ci
 from vespo.lab.tables import conditions, markdown, reference_pairs, sweep_markdown, sweep_tables
 
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
-PAGE, CLAIMS, HEADLINE = re.split(r"\n<!-- the \w+ section -->\n", Path(__file__).with_name("page.md").read_text())
+PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE = re.split(r"\n<!-- the \w+ section -->\n",
+                                                    Path(__file__).with_name("page.md").read_text())
 
 
 def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str,
@@ -47,14 +45,15 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
     headline = (claims.headline if claims else None) or next((n for n, fs in figures.items()
                                                               if any(f.stem == "headline" for f in fs)), None)
     fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
+    robust = {"share": cl.ROBUST_SHARE, "seeds": cl.ROBUST_SEEDS}
     text = PAGE.format(
         command=command, level=f"{stats.CONFIDENCE:.0%}", **judged(verdicts), **noise(sweeps, runs),
         **collapse_check(sweeps, runs),
-        recommendation="" if claims is None else "## Recommendation\n\n" + recommendation_markdown(
-            recommend(claims.recommend, sweeps, runs)),
-        claims="" if claims is None else CLAIMS.format(
-            table=claims_table(verdicts), share=cl.ROBUST_SHARE, seeds=cl.ROBUST_SEEDS,
-            together="\n\n".join(t for t in (together_text(verdicts, n, runs) for n in claims.together) if t)),
+        recommendation="" if claims is None else RECOMMEND.format(
+            lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), alpha=stats.FAMILY_ERROR,
+            **robust),
+        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts), **robust, together="\n\n".join(
+            t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
         headline="" if fig is None else HEADLINE.format(figure=rel(fig), sweep=headline),
         sweeps=sweeps_table(sweeps, runs, root, page.parent),
         sections="\n".join("\n".join(sweep_section(sweep, runs[runs.sweep == name], figures[name], rel,
@@ -102,31 +101,27 @@ def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
                       for name, s in sweeps.items() if s.reference
                       for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]
-    return {"problems": problems, "noise": (
-        f"**Evaluation noise.** One final evaluation on {problems} problems has a binomial SD of {sd / math.sqrt(2):.3f} "
-        f"at the lab's mean accuracy {p:.2f} (at most {0.5 / math.sqrt(problems):.3f}), a difference of two evaluations "
-        f"{sd:.3f}; a mean over n seeds divides it by sqrt(n). That is not small next to what the sweeps compare: "
-        f"{int((diffs < 2 * sd).sum())} of the {len(diffs)} differences of a condition from its sweep's reference are "
-        f"below {2 * sd:.3f} (two SDs of a difference), their median {np.median(diffs):.3f}. An evaluation during "
-        "training (256 problems) has twice that SD.")}
+    return {"problems": problems, "noise": NOISE.format(
+        problems=problems, sd=sd / math.sqrt(2), p=p, most=0.5 / math.sqrt(problems), sd2=sd,
+        small=int((diffs < 2 * sd).sum()), diffs=len(diffs), two=2 * sd, median=np.median(diffs))}
 
 
 def collapse_check(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
     """The rule's simulated rates (and the previous rule's), and the rule against an independent criterion on the
     sweeps' own runs: the final evaluation below half the warm start's."""
     now, before = collapse.rates(collapse.RULE), collapse.rates(collapse.PREVIOUS)
-    rows = [{"simulated run": s, **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in now if r.scenario == s}}
-            for s in collapse.SCENARIOS]
-    rows.append({"simulated run": "the same collapse, flagged by the previous rule (half the best, 2 evaluations)",
-                 **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in before
-                    if r.scenario.startswith("col")}})
+    previous = ("the same collapse, flagged by the previous rule (half the best, 2 evaluations)",
+                list(collapse.SCENARIOS)[-1], before)
+    rows = [{"simulated run": name, **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in rates
+                                       if r.scenario == scenario}}
+            for name, scenario, rates in [(s, s, now) for s in collapse.SCENARIOS] + [previous]]
     usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
     fell = usable.eval_sampled < 0.5 * usable.warm_start
     missed, extra, healthy = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed], \
         usable[usable.eval_sampled >= usable.warm_start]
     fired = [f"`{name}` {', '.join(k)}: {int(c.collapsed.sum())}/{len(c)}" for name, sweep in sweeps.items()
-             for k, c in conditions(sweep, runs[(runs.sweep == name) & runs.usable]) if 2 * c.collapsed.sum() >= len(c) > 0
-             and c.collapsed.any()]
+             for k, c in conditions(sweep, runs[(runs.sweep == name) & runs.usable])
+             if 2 * c.collapsed.sum() >= len(c) > 0 and c.collapsed.any()]
     names = lambda frame: "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "  # noqa: E731
                                     f"{r.warm_start:.3f})" for r in frame.itertuples()) or "none"
     return {"rule": collapse.describe(), "sim_runs": now[0].runs, "simulated": markdown(rows), "checked": len(usable),
@@ -189,7 +184,9 @@ def sweeps_table(sweeps: dict[str, Sweep], runs: pd.DataFrame, root: Path, page_
     return markdown([{"sweep": f"`{name}`", "file": f"`{sweep.source}`", "runs finished / in grid":
                       f"{int((runs[runs.sweep == name].status == 'done').sum())} / {len(sweep.points())}",
                       "wall time": wall_text(sweep.sessions, runs[runs.sweep == name]),
-                      "commit": commit_text(sweep.sessions), "machine": machine_text(sweep.sessions),
+                      "commit": commit_text(sweep.sessions), "machine": "; ".join(dict.fromkeys(
+                          f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
+                          for m in (x.get("machine") or {} for x in sweep.sessions))) or "not recorded",
                       "report": f"[report]({os.path.relpath(root / name / 'report.md', page_dir)})"}
                      for name, sweep in sweeps.items()])
 
@@ -209,19 +206,13 @@ def commit_text(sessions: list[dict]) -> str:
     return ", ".join(f"`{c}`" for c in seen) or "not recorded"
 
 
-def machine_text(sessions: list[dict]) -> str:
-    return "; ".join(dict.fromkeys(f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
-                                   for m in (x.get("machine") or {} for x in sessions))) or "not recorded"
-
-
 def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> list[str]:
     lines, s = [f"### `{sweep.name}`", ""], sweep.sessions
     if s:
-        lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", ""]
-        lines += [f"    {c}" for c in dict.fromkeys(x["command"] for x in s)]
-        end = s[-1].get("end") or s[-1].get("last_seen") or "?"
-        lines += ["", f"Ran from {_when(s[0].get('start', '?'))} to {_when(end)}"
-                      f"; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
+        when = [_when(x) for x in (s[0].get("start", "?"), s[-1].get("end") or s[-1].get("last_seen") or "?")]
+        lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", "",
+                  *(f"    {c}" for c in dict.fromkeys(x["command"] for x in s)), "",
+                  f"Ran from {when[0]} to {when[1]}; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
     else:
         lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]
     lines += sweep_tables(sweep, runs) + [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]

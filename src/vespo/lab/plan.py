@@ -55,8 +55,9 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
         cfg = _config(sweep, out, point)
         mini = cfg.prompts_per_minibatch * cfg.rollout.group_size
         rollout = cfg.prompts_per_step * cfg.rollout.group_size
-        protocol = {"N": cfg.staleness.n, "mini-batch": f"{cfg.prompts_per_minibatch} prompts x {cfg.rollout.group_size} "
-                    f"= {mini}", "rollout batch": f"{cfg.prompts_per_step} prompts = {rollout}",
+        protocol = {"N": cfg.staleness.n,
+                    "mini-batch": f"{cfg.prompts_per_minibatch} prompts x {cfg.rollout.group_size} = {mini}",
+                    "rollout batch": f"{cfg.prompts_per_step} prompts = {rollout}",
                     "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
                     "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
         jobs.append(Job(point, out / point.name, _action(out / point.name, retry_failed), _warm_key(cfg), protocol))

@@ -92,11 +92,7 @@ def _git(where: Path, *args: str) -> str:
 
 
 def machine() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import version  # torch is a dependency: installed where vespo is
 
-    try:
-        torch_version = version("torch")
-    except PackageNotFoundError:
-        torch_version = None
     return {"node": platform.node(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch_version}
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": version("torch")}

@@ -1,15 +1,11 @@
-"""What the lab reads of a run, from its directory or a sweep's archive, as one table of runs.
+"""What the lab reads of a run, from its directory or a sweep's archive (runs.json.gz), as one table of runs.
 
     sweeps, runs = read_lab(["runs/lab/staleness", "docs/results/async"])
     runs[runs.sweep == "staleness"]     one row per run: its labels (a column per grid axis), status, usable,
                                         collapse (vespo.lab.collapse), the METRICS, and `record` (the Run)
 
-METRICS is the one home of a per-run result: what it is and how it is read from what the run logged;
-ROW_KEYS (with every eval/ key) is what an archive keeps of each logged row. A run's quarters are
-quarters of its optimizer steps, the same at every N. A run the trainer stopped for non-finite updates
-counts as reward 0; one that failed otherwise, or has not finished, is listed but not usable. An archive
-(runs.json.gz) holds each run's lab.json, config, summary, evaluation before training and rows, and the
-sweep's record and sessions, so the page regenerates without the run directories.
+METRICS is the one home of a per-run result; ROW_KEYS (with every eval/ key) is what an archive keeps of
+each logged row. A run's quarters are quarters of its optimizer steps, the same at every N.
 """
 
 from __future__ import annotations
@@ -97,8 +93,9 @@ METRICS: dict[str, tuple[str, Callable[[Run], float]]] = {  # name -> (what it i
     "updates_to_target": (f"optimizer steps until the training reward over a window of {TARGET_WINDOW} updates first "
                           f"reaches {TARGET_REWARD:g}", lambda r: time_to_target(r)[0]),
     "seconds_to_target": ("training wall seconds (without evaluations) until then", lambda r: time_to_target(r)[1]),
-    "max_grad_norm": ("largest gradient norm (before clipping) of any update", lambda r: next(
-        (x for x in (r.quarter(k, None, "max") for k in ("optim/grad_norm_max", "optim/grad_norm")) if x == x), math.nan)),
+    "max_grad_norm": ("largest gradient norm (before clipping) of any update", lambda r: next((
+        x for x in (r.quarter(k, None, "max") for k in ("optim/grad_norm_max", "optim/grad_norm")) if x == x),
+        math.nan)),
     "max_kl": ("largest per-step stale KL k3 (behavior policy vs the updated policy)",
                lambda r: r.quarter("kl/k3", None, "max")),
     "final_kl": ("stale KL k3 over the last quarter", lambda r: r.quarter("kl/k3")),
@@ -138,7 +135,8 @@ def result(run: Run) -> dict:
     stats = {k: f(run) if run.rows else math.nan for k, (_, f) in METRICS.items()}
     if c.reason == "nonfinite" and not run.summary.get("eval_after"):
         stats.update(eval_sampled=0.0, eval_greedy=0.0, eval_last=0.0, train_last=0.0)
-    return {"run": run.name, "status": run.status, "usable": run.status == "done" or (c.reason == "nonfinite" and stopped),
+    usable = run.status == "done" or (c.reason == "nonfinite" and stopped)
+    return {"run": run.name, "status": run.status, "usable": usable,
             **run.lab["labels"], "n": run.n, "updates": run.updates, "collapsed": c.collapsed, "reason": c.reason,
             "collapse_update": c.update, "evidence": c.evidence, **stats, "record": run}
 
@@ -159,25 +157,25 @@ def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
 
 
 def table(sweep: Sweep, runs: list[Run]) -> pd.DataFrame:
-    """One row per run in grid order; a run the sweep file has since excluded stays out."""
-    rows = [result(r) for r in runs if not excluded(r.lab["labels"], sweep.exclude)]
-    if not rows:
+    """One row per run in grid order."""
+    if not runs:
         raise FileNotFoundError(f"{sweep.source or sweep.name}: no run directories yet")
-    frame = pd.DataFrame(rows).assign(sweep=sweep.name)
+    frame = pd.DataFrame([result(r) for r in runs]).assign(sweep=sweep.name)
     order = [frame[a.label].astype(str).map({v: i for i, v in enumerate(a.values)}).fillna(len(a.values))
              for a in sweep.axes]
     return frame.iloc[np.lexsort(order[::-1])].reset_index(drop=True)
 
 
 def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
-    """A sweep's record and runs from its directory or its archive (a runs.json.gz, or a folder holding one)."""
+    """A sweep's record and runs from its directory or its archive (a runs.json.gz, or a folder holding one);
+    a run the sweep file has since excluded stays out."""
     path = Path(path)
     if (path / "sweep.json").is_file():
         sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), read_sessions(path))
-        labs = {d: json.loads((d / "lab.json").read_text()) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()}
-        for d, lab in labs.items():
-            if "labels" not in lab:
-                raise ValueError(f"{d / 'lab.json'} has no 'labels'")
+        labs = {d: json.loads((d / "lab.json").read_text()) for d in sorted(path.iterdir())
+                if (d / "lab.json").is_file()}
+        if (bad := next((d for d, lab in labs.items() if "labels" not in lab), None)) is not None:
+            raise ValueError(f"{bad / 'lab.json'} has no 'labels'")
         return sweep, [read_run(d, lab) for d, lab in labs.items() if not excluded(lab["labels"], sweep.exclude)]
     archive = path if path.is_file() else path / ARCHIVE
     if not archive.is_file():
@@ -186,7 +184,7 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     body = read_archive_body(archive)
     sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
     return sweep, [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
-                   for x in body["runs"]]
+                   for x in body["runs"] if not excluded(x["lab"]["labels"], sweep.exclude)]
 
 
 def read_run(run_dir: Path, lab: dict) -> Run:
@@ -201,7 +199,8 @@ def read_run(run_dir: Path, lab: dict) -> Run:
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
     """The sweep's archive (gzip'd JSON with a fixed mtime: the same runs give the same bytes)."""
     body = {"format": ARCHIVE_FORMAT, "record": {**sweep.record(), "sessions": sweep.sessions},
-            "runs": [{"name": r.name, "lab": r.lab, "config": r.config, "summary": None if r.rows is None else r.summary,
+            "runs": [{"name": r.name, "lab": r.lab, "config": r.config,
+                      "summary": None if r.rows is None else r.summary,
                       "eval_before": r.eval_before, "rows": None if r.rows is None else [
                           {k: v for k, v in row.items() if k in ROW_KEYS or k.startswith("eval/")} for row in r.rows]}
                      for r in runs]}
@@ -249,5 +248,6 @@ def select(runs: pd.DataFrame, where: dict) -> pd.DataFrame:
     """The runs whose labels match ``where`` ({axis: value or [values]})."""
     keep = np.ones(len(runs), dtype=bool)
     for axis, v in where.items():
-        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() if axis in runs else False
+        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() \
+            if axis in runs else False
     return runs[keep]

@@ -1,11 +1,7 @@
-"""Statistics over seeds: a t-interval and t-test for a mean and for paired differences, Holm's correction,
-exact tests and intervals for counts, and the interval's coverage measured by simulation.
-
-Why a t-interval: a lab cell has 3-10 seeds, where the percentile bootstrap is far too narrow (a nominal
-90% interval covers ~62% of the time at 3 seeds), BCa and the studentised bootstrap are unstable and an
-exact sign-flip test cannot reach a two-sided 10% level below 5 seeds. The t-interval is exact for normal
-data; `coverage_table` measures what skewed data and collapsing runs get. A verdict is the t-test at the
-interval's level (p < 1 - CONFIDENCE <=> the interval excludes the line), Holm-corrected over a family.
+"""Statistics over seeds (docs/lab.md, Statistics): the t-interval and t-test of a mean and of paired
+differences, Holm's correction, exact tests and intervals for counts, and the interval's coverage measured
+by simulation. A verdict is the t-test at the interval's level (p < 1 - CONFIDENCE <=> the interval excludes
+the line); a lab cell has 3-10 seeds, where the t-interval is exact for normal data and bootstraps are not.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
 
 CONFIDENCE = 0.9  # the intervals shown
 FAMILY_ERROR = 1 - CONFIDENCE  # Holm: family-wise error of the verdicts
@@ -92,15 +89,10 @@ def p_value(values: Sequence[float], line: float) -> float:
 
 def holm(p: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error control under any dependence)."""
-    p = np.asarray(p, dtype=np.float64)  # [m]
-    order = np.argsort(p, kind="stable")
-    adjusted = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))  # [m]
-    out = np.empty_like(p)
-    out[order] = adjusted
-    return out.tolist()
+    return multipletests(p, method="holm")[1].tolist() if len(p) else []
 
 
-def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:  # k / n with its exact (Clopper-Pearson) interval
+def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:  # k / n, its exact (Clopper-Pearson) interval
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")

@@ -1,8 +1,7 @@
-"""The tables of a sweep in markdown (pandas' to_markdown): one home for what the report and the page print.
-
+"""The tables of a sweep in markdown (pandas' to_markdown), one home for what the report and the page print:
 condition_table (per condition: the finals with their intervals, time to the target reward, collapses,
-diagnostics), paired_table (each condition minus the reference, seed by seed), settle_table (do the
-curves settle), lr_table (the collapse rate at each learning rate), run_table.
+diagnostics), paired_table (each condition minus the reference, seed by seed), settle_table (do the curves
+settle), lr_table (the collapse rate at each learning rate), run_table.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
         rows.append({**dict(zip(sweep.conditions, key)),
                      "runs": f"{len(u)}" + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
                      **{name: ci_text(mean_ci(by_seed(cell, m))) for m, name in FINALS.items()},
-                     f"updates to {TARGET_REWARD:g}": reached_text(cell, "updates_to_target"),
-                     f"seconds to {TARGET_REWARD:g}": reached_text(cell, "seconds_to_target"),
+                     **{f"{what} to {TARGET_REWARD:g}": reached_text(cell, f"{what}_to_target")
+                        for what in ("updates", "seconds")},
                      "collapsed": f"{int(u.collapsed.sum())}/{len(u)}" + (f" ({reasons})" if reasons else ""),
                      "max grad norm": num(_agg(u.max_grad_norm, "max")), "mean ESS": num(_agg(u.ess, "mean")),
                      "log W range": f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo + hi) else "–",
@@ -71,11 +70,10 @@ def reached_text(runs: pd.DataFrame, metric: str) -> str:
     """Mean [interval] over the runs that reached the target, "(k/n)" when not all did; "never (0/n)"."""
     values = by_seed(runs, metric)
     reached = values[np.isfinite(values)]
-    if not len(values):
-        return "–"
     if not len(reached):
-        return f"never (0/{len(values)})"
-    return ci_text(mean_ci(reached), digits=0) + (f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else "")
+        return f"never (0/{len(values)})" if len(values) else "–"
+    some = f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else ""
+    return ci_text(mean_ci(reached), digits=0) + some
 
 
 def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
@@ -85,7 +83,8 @@ def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
     for key, cell in cells.items():
         labels = dict(zip(sweep.conditions, key))
         if labels[axis] != ref:
-            yield labels, cell, cells.get(tuple(ref if a == axis else labels[a] for a in sweep.conditions), runs.iloc[:0])
+            partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
+            yield labels, cell, cells.get(partner, runs.iloc[:0])
 
 
 def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
@@ -155,28 +154,27 @@ def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
              (f"Paired differences against {' = '.join(next(iter(sweep.reference.items()), ''))} (same seed: same warm "
               f"start and prompt order; a - reference, mean over seeds with its {level} interval):",
               paired_table(sweep, runs)),
-             (f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the updates "
-              f"minus that of the quarter before, with its {level} interval: *settled* where the interval lies within "
-              f"±{SETTLED_BAND:g}, *still rising* where it lies above 0:", settle_table(sweep, runs)),
+             (f"Do the curves settle? The mean held-out evaluation (during training) of the last quarter of the "
+              f"updates minus that of the quarter before, with its {level} interval: *settled* where the interval lies "
+              f"within ±{SETTLED_BAND:g}, *still rising* where it lies above 0:", settle_table(sweep, runs)),
              (f"Collapsed runs at each learning rate, with the rate's exact {level} interval (+ runs not finished):",
               lr_table(sweep, runs))]
     return ([sweep.description, ""] if sweep.description else []) + [
         line for head, table in parts if table for line in ([head, ""] if head else []) + [table, ""]]
 
 
-def definitions() -> str:
-    return (f"Mean over seeds with its {stats.CONFIDENCE:.0%} interval in brackets ({stats.METHOD}). Held-out = accuracy "
-            "on the task's held-out problems after the last update (one sample per problem, and greedy); train = "
-            "training reward over the last quarter of the optimizer steps (the same samples at every N). Updates / "
-            f"seconds to {TARGET_REWARD:g} = optimizer steps and training wall time until the training reward over a "
-            f"window of {TARGET_WINDOW} updates first reaches {TARGET_REWARD:g}, over the runs that reach it (how many, "
-            f"in parentheses, when not all). {collapse.describe()}; a run stopped for non-finite updates counts as "
-            "reward 0. KL k3 = mean(exp(d) - 1 - d) per token, between the behavior and the updated policy (stale) or "
-            "rollout engine and trainer (engine), over the last quarter.")
-
-
 def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
+    """report.md: the sweep's tables, every run, its figures."""
     seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
+    definitions = (
+        f"Mean over seeds with its {stats.CONFIDENCE:.0%} interval in brackets ({stats.METHOD}). Held-out = accuracy "
+        "on the task's held-out problems after the last update (one sample per problem, and greedy); train = "
+        "training reward over the last quarter of the optimizer steps (the same samples at every N). Updates / "
+        f"seconds to {TARGET_REWARD:g} = optimizer steps and training wall time until the training reward over a "
+        f"window of {TARGET_WINDOW} updates first reaches {TARGET_REWARD:g}, over the runs that reach it (how many, "
+        f"in parentheses, when not all). {collapse.describe()}; a run stopped for non-finite updates counts as "
+        "reward 0. KL k3 = mean(exp(d) - 1 - d) per token, between the behavior and the updated policy (stale) or "
+        "rollout engine and trainer (engine), over the last quarter.")
     lines = [f"## Sweep `{sweep.name}`", "", f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "")
-             + ". " + definitions(), "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]
+             + ". " + definitions, "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]
     return "\n".join(lines + [f"![{f.stem}]({f.name})" for f in figures]) + "\n"
