@@ -9,7 +9,7 @@ import yaml
 
 from vespo.lab import claims as cl
 from vespo.lab.grid import load_sweep
-from vespo.lab.page import measured
+from vespo.lab.report import measured
 from vespo.lab.runs import read_lab
 from vespo.lab.stats import holm, p_value
 
@@ -204,7 +204,7 @@ def test_one_seed_is_too_few_seeds(tmp_path, synthetic):
     lab = _sweep(synthetic, {"vespo": [0.9], "grpo": [0.1]})
     (v,) = _judge(tmp_path, lab, [_compare({"loss": "grpo"}, "greater")])
     assert v.verdict == "too few seeds" and v.robustness == "too few seeds"
-    assert measured(v) == "eval_sampled difference: vs loss=grpo: +0.800 (one seed), 1 seeds, higher in 1"
+    assert measured(v) == "eval_sampled difference: vs loss=grpo: +0.800 (one seed), higher in 1"
 
 
 def test_robustness_labels(tmp_path, synthetic):

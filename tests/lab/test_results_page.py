@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vespo.lab.page import write_page
+from vespo.lab.report import write_page
 
 from conftest import cells
 

@@ -57,10 +57,8 @@ class Test:
 
     @property
     def outcome(self) -> str:
-        if self.n < MIN_SEEDS:
-            return TOO_FEW if self.n else NOT_RUN
-        if not self.verdict:
-            return NO_VERDICT
+        if self.n < MIN_SEEDS or not self.verdict:
+            return (TOO_FEW if self.n else NOT_RUN) if self.n < MIN_SEEDS else NO_VERDICT
         return (AGREES if self.side > 0 else DISAGREES) if self.adjusted < FAMILY_ERROR else UNRESOLVED
 
 
@@ -69,7 +67,7 @@ def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan) -> 
     (at_least), or both -m and +m (within: inside both, or outside the nearer one)."""
     x, ci = d.values.to_numpy(dtype=float), d.diff
     text = "no common seeds" if not ci.n else \
-        f"{ci_text(ci, signed=True)}{'' if ci.resolved else ' (one seed)'}, {ci.n} seeds, higher in {d.wins}"
+        f"{ci_text(ci, signed=True)}" + (f", {ci.n} seeds" if ci.resolved else " (one seed)") + f", higher in {d.wins}"
     if expect == "within":
         inside, on = abs(ci.mean) < margin, np.abs(x) < margin
         p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
@@ -228,17 +226,14 @@ class Collapses(Claim):
         verdict = {"none": AGREES if dead == 0 else DISAGREES, "some": AGREES if dead else UNRESOLVED}.get(
             self.kind) or (TOO_FEW if dead == 0 and rate_ci(0, len(mine)).high >= 0.5 else  # too few to rule out "most"
                            AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
-        if self.control is None:
-            return Verdict(self, text=text, verdict=verdict)
-        c = self.control
-        control, name = select(runs[(runs.sweep == c.sweep) & runs.usable], c.where), f"{c.sweep} {_text(c.where)}"
-        if control.empty:
-            return Verdict(self, text=f"{text}; control ({name}) not run: the rule was not seen to fire",
-                           verdict=UNRESOLVED)
-        text += f"; control ({name}): {collapse_text(control)}"
-        if not control.collapsed.any() and verdict == AGREES:
-            return Verdict(self, text=text + ": the rule fired in no control run, so 'no collapse' says nothing",
-                           verdict=UNRESOLVED)
+        if (c := self.control) is not None:
+            control, name = select(runs[(runs.sweep == c.sweep) & runs.usable], c.where), f"{c.sweep} {_text(c.where)}"
+            if control.empty:
+                text, verdict = f"{text}; control ({name}) not run: the rule was not seen to fire", UNRESOLVED
+            else:
+                text += f"; control ({name}): {collapse_text(control)}"
+                if not control.collapsed.any() and verdict == AGREES:
+                    text, verdict = text + ": the rule fired in no control run, so 'no collapse' says nothing", UNRESOLVED
         return Verdict(self, text=text, verdict=verdict)
 
 
@@ -321,10 +316,10 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
             if strict:
                 raise ClaimsError(f"{c.where}: no sweep named {c.sweep!r}; sweeps: {sorted(sweeps)}")
             continue
-        values, over = sweeps[c.sweep].values, getattr(c, "over", None)
+        values, over, control = sweeps[c.sweep].values, getattr(c, "over", None), getattr(c, "control", None)
         try:
-            if over is not None and over not in values:
-                raise ValueError(f"{over!r} is not an axis; axes: {list(values)}")
+            if over is not None:
+                check_where(values, {over: []})
             if isinstance(c, Across) and c.kind in ("increasing", "decreasing"):
                 [math.log2(float(v)) for v in values[over]]
             for side in c.sides():
@@ -332,7 +327,6 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
                 free = [a for a in values if a not in (SEED_AXIS, over) and len(values[a]) > 1 and a not in side]
                 if free and not isinstance(c, Collapses):
                     raise ValueError(f"{side} leaves the axis/axes {free} open; a comparison names one condition")
-            control = getattr(c, "control", None)
             if control is not None and (strict or control.sweep in sweeps):
                 if control.sweep not in sweeps:
                     raise ValueError(f"control sweep {control.sweep!r} is not one of {sorted(sweeps)}")
@@ -369,8 +363,8 @@ def decide(verdicts: list[Verdict]) -> list[Verdict]:
             t.adjusted = p
     for v in (v for v in verdicts if v.readings):
         by = {m: combine([t.outcome for t in tests]) for m, tests in v.readings.items()}
-        first = next(iter(by.values()))
-        v.verdict = first if len(set(by.values())) == 1 or first == NO_VERDICT else DEPENDS
+        first, seen = next(iter(by.values())), set(by.values())
+        v.verdict = DEPENDS if len(seen) > 1 and first != NO_VERDICT and seen & {AGREES, DISAGREES} else first
         v.robustness = robustness(v)
     return verdicts
 

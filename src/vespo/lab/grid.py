@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +20,7 @@ from vespo.errors import UserError
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
          "model.arch": "model", "loss.options.length_norm": "length_norm"}
 SEED_AXIS = "seed"
+RECORD = ("name", "source", "overrides", "axes", "reference", "exclude", "description")  # sweep.json, in order
 
 
 class SweepError(UserError, ValueError):
@@ -94,7 +95,7 @@ class Sweep:
     cost: Cost | None = None
     exclude: list[dict[str, list[str]]] = field(default_factory=list)
     description: str = ""
-    sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.lab.provenance)
+    sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.lab.sweep)
 
     @property
     def values(self) -> dict[str, list[str]]:
@@ -107,19 +108,14 @@ class Sweep:
 
     def points(self) -> list[GridPoint]:
         """Every grid point not excluded, in row-major order of the axes."""
-        out = []
-        for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
-            labels = {a.label: a.values[i] for a, i in zip(self.axes, combo)}
-            if not excluded(labels, self.exclude):
-                ov = [o for a, i in zip(self.axes, combo) for o in a.overrides[i]]
-                out.append(GridPoint(labels, self.overrides + ov))
-        return out
+        points = (GridPoint({a.label: a.values[i] for a, i in zip(self.axes, combo)},
+                            self.overrides + [o for a, i in zip(self.axes, combo) for o in a.overrides[i]])
+                  for combo in itertools.product(*(range(len(a.values)) for a in self.axes)))
+        return [p for p in points if not excluded(p.labels, self.exclude)]
 
     def record(self) -> dict:
-        return {"name": self.name, "source": self.source, "overrides": self.overrides,
-                "axes": [{"label": a.label, "values": a.values, "overrides": a.overrides} for a in self.axes],
-                "reference": self.reference, "exclude": self.exclude,
-                **({"description": self.description} if self.description else {})}
+        return {k: [asdict(a) for a in self.axes] if k == "axes" else getattr(self, k) for k in RECORD
+                if k != "description" or self.description}
 
     @classmethod
     def from_record(cls, r: dict, sessions: list[dict] | None = None) -> Sweep:
@@ -184,9 +180,8 @@ def _exclude(exclude: list[dict], values: dict[str, list[str]], path: Path) -> l
     out = [{axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in e.items()} for e in exclude]
     for i, entry in enumerate(out):
         for axis, vs in entry.items():
-            if set(vs) - set(values.get(axis, [])):
-                raise SweepError(f"{path}: exclude[{i}]: {axis}={sorted(set(vs) - set(values.get(axis, [])))} is "
-                                 f"not on the grid; axes: {values}")
+            if bad := set(vs) - set(values.get(axis, [])):
+                raise SweepError(f"{path}: exclude[{i}]: {axis}={sorted(bad)} is not on the grid; axes: {values}")
     return out
 
 

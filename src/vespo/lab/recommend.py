@@ -1,11 +1,11 @@
 """The recommendation at the top of the results page: which loss to use where, from paired evidence.
 
 The claims file names the settings (`recommend`, vespo.lab.claims.Setting). At each value of `over` (or
-those `at` lists; once without `over`) the candidates (values of `among`) are first grouped where their runs
-are identical on every common seed (identical updates: the evidence cannot pick among them). Every two groups
-are then compared on the seeds they share (paired t-test of held-out sampled accuracy, Holm over the
-setting's pairs). A loss is named only when it is ahead of every other; otherwise the line names the losses
-no other is ahead of, tied, and picks none. A loss ahead of another is never listed as tied with it.
+those `at` lists; once without `over`) the candidates (values of `among`) with usable runs on at least
+MIN_SEEDS seeds are grouped where their runs are identical on every common seed (identical updates: the
+evidence cannot pick among them), and every two groups compared on the seeds they share (paired t-test of
+held-out sampled accuracy, Holm over the setting's pairs). A loss is named only when it is ahead of every
+other; otherwise the line names the losses no other is ahead of, tied, and picks none.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 from vespo.lab.claims import ROBUST_SEEDS, ROBUST_SHARE, ClaimsError, Setting, settling
 from vespo.lab.grid import Sweep
 from vespo.lab.runs import by_seed, select
-from vespo.lab.stats import FAMILY_ERROR, Interval, Paired, ci_text, holm, mean_ci, p_value, paired
+from vespo.lab.stats import FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, holm, mean_ci, p_value, paired
 from vespo.plot import display_name
 
 METRIC = "eval_sampled"
@@ -36,14 +36,20 @@ class Pick:
     collapsed: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (collapsed, usable runs)
     level: Interval | None = None  # the named loss's held-out accuracy
     settling: dict[str, str] = field(default_factory=dict)  # name -> settled | still rising | ... (claims.settling)
+    few: dict[str, int] = field(default_factory=dict)  # candidates left out: name -> usable runs (< MIN_SEEDS)
 
     @property
-    def named(self) -> str | None:
-        i = self.top[0] if len(self.top) == 1 else None
-        if i is None or len(self.groups[i]) > 1 or any((i, j) not in self.ahead
-                                                       for j in range(len(self.groups)) if j != i):
+    def leader(self) -> str | None:
+        """The one candidate ahead of every other compared."""
+        i = self.top[0] if len(self.top) == 1 and len(self.groups) > 1 else None
+        if i is None or len(self.groups[i]) > 1 or any((i, j) not in self.ahead for j in range(len(self.groups))
+                                                       if j != i):
             return None
         return self.groups[i][0]
+
+    @property
+    def named(self) -> str | None:  # the leader, when every candidate could be compared
+        return None if self.few else self.leader
 
 
 def recommend(settings: list[Setting], sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Pick]:
@@ -65,7 +71,8 @@ def recommend(settings: list[Setting], sweeps: dict[str, Sweep], runs: pd.DataFr
 
 
 def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
-    names = [n for n in dict.fromkeys(runs[among]) if runs[(runs[among] == n) & runs.usable].shape[0]]
+    usable = runs[runs.usable][among].value_counts()
+    names = [n for n in dict.fromkeys(runs[among]) if usable.get(n, 0) >= MIN_SEEDS]
     cells = {n: runs[runs[among] == n] for n in names}
     groups: list[list[str]] = []
     for n in names:
@@ -79,13 +86,13 @@ def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
         if p < FAMILY_ERROR:
             i, j = (i, j) if diffs[(i, j)].diff.mean > 0 else (j, i)
             ahead[(i, j)] = diffs[(i, j)]
-    out = Pick(setting, at, int(runs.updates.max()), groups, [i for i in range(len(groups))
-                                                             if not any((k, i) in ahead for k in range(len(groups)))],
-               ahead, settling={n: settling(cell)[1] for n, cell in cells.items()})
-    out.collapsed = {n: (int(u.collapsed.sum()), len(u)) for n, u in ((n, c[c.usable]) for n, c in cells.items())
-                     if u.collapsed.any()}
-    if out.named is not None:
-        out.level = mean_ci(by_seed(cells[out.named], METRIC))
+    top = [i for i in range(len(groups)) if not any((k, i) in ahead for k in range(len(groups)))]
+    out = Pick(setting, at, int(runs.updates.max()), groups, top, ahead,
+               {n: (int(u.collapsed.sum()), len(u)) for n, u in ((n, c[c.usable]) for n, c in cells.items())
+                if u.collapsed.any()}, settling={n: settling(cell)[1] for n, cell in cells.items()},
+               few={n: int(usable.get(n, 0)) for n in dict.fromkeys(runs[among]) if n not in cells})
+    if out.leader is not None:
+        out.level = mean_ci(by_seed(cells[out.leader], METRIC))
     return out
 
 
@@ -103,6 +110,10 @@ def advice(p: Pick) -> str:
     text = (p.at + ", " if p.at else "") + f"held-out sampled accuracy after {p.updates} updates: "
     if p.named is not None:
         text += f"use **{display_name(p.named)}** (held-out {ci_text(p.level)})"
+    elif p.leader is not None:
+        text += f"the evidence picks none yet; {display_name(p.leader)} is ahead of every loss with enough runs"
+    elif sum(map(len, p.groups)) < 2:
+        text += "the evidence picks none; " + (f"only {names(0)} ran" if p.groups else "no loss ran on two seeds")
     else:
         same = [names(i) for i in p.top if len(p.groups[i]) > 1]
         text += "the evidence picks none" + "".join(f"; identical updates: {s}" for s in same)
@@ -116,6 +127,8 @@ def advice(p: Pick) -> str:
             label = "robust" if d.diff.n >= ROBUST_SEEDS and d.wins >= ROBUST_SHARE * d.diff.n else "supported"
             text += (f"; {names(j)} behind {names(i)} by {ci_text(d.diff, True)}, higher in {d.wins}/{d.diff.n} seeds "
                      f"({label})")
+    if p.few:
+        text += "; too few finished runs to compare: " + ", ".join(f"{display_name(n)} ({k})" for n, k in p.few.items())
     words = list(p.settling.values())
     if any(w != "–" for w in words):
         text += f"; curves at this budget: {words.count('settled')} of {len(words)} settled, " \

@@ -10,19 +10,38 @@ last quarter with their intervals over seeds, the time to a target reward, colla
 each condition minus the reference condition, paired by seed; whether the curves settle; with an lr
 axis the collapse rate per lr; then one row per run (vespo.lab.tables). Figures: vespo.lab.figures.
 Beside them runs.json.gz, the sweep's archive (vespo.lab.runs). With --page, every sweep's report goes
-to results/<name>/ beside the page, and the page gets the recommendation, the claims and the rest
-(vespo.lab.page).
+to results/<name>/ beside the page, and the page (the template page.md, filled) gets the recommendation,
+how numbers are judged (coverage, error control, evaluation noise, the collapse rule's simulated and
+measured errors), the claims, the headline figure and each sweep's provenance and tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import shlex
+import shutil
 import sys
+from datetime import datetime
 from pathlib import Path
 
-from vespo.lab.page import write_page, write_sweep
-from vespo.lab.runs import ARCHIVE, read_lab
+import numpy as np
+import pandas as pd
+
+from vespo.lab import claims as cl
+from vespo.lab import collapse, stats
+from vespo.lab.figures import write_figures
+from vespo.lab.grid import Sweep
+from vespo.lab.recommend import recommend, recommendation_markdown
+from vespo.lab.runs import ARCHIVE, by_seed, read_lab, write_archive
+from vespo.lab.stats import ci_text, rate_ci
+from vespo.lab.tables import conditions, markdown, reference_pairs, sweep_markdown, sweep_tables
+
+IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
+PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE = re.split(r"\n<!-- the \w+ section -->\n",
+                                                    Path(__file__).with_name("page.md").read_text())
 
 
 def main(argv: list[str]) -> int:
@@ -62,3 +81,200 @@ def main(argv: list[str]) -> int:
     print((out / "report.md").read_text().split("Runs:")[0])
     print(f"wrote {out / 'report.md'} and its figures")
     return 0
+
+
+def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str,
+               draw: bool = True) -> Path:
+    """The page (the template page.md, filled) and every sweep's report; ``draw=False`` leaves the figures out."""
+    sweeps, runs = read_lab(paths)
+    root = out_root or page.parent / "results"
+    figures = {name: write_sweep(sweep, runs[runs.sweep == name], root / name, draw=draw)
+               for name, sweep in sweeps.items()}
+    for name in sweeps:
+        shutil.rmtree(root / IN_PROGRESS / name, ignore_errors=True)
+    claims = cl.load_claims(claims_path) if claims_path else None
+    verdicts = cl.evaluate(claims, sweeps, runs) if claims else []
+    rel = lambda path: os.path.relpath(path, page.parent)  # noqa: E731
+    headline = (claims.headline if claims else None) or next((n for n, fs in figures.items()
+                                                              if any(f.stem == "headline" for f in fs)), None)
+    fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
+    robust = {"share": cl.ROBUST_SHARE, "seeds": cl.ROBUST_SEEDS}
+    text = PAGE.format(
+        command=command, level=f"{stats.CONFIDENCE:.0%}", **judged(verdicts), **noise(sweeps, runs),
+        **collapse_check(sweeps, runs),
+        recommendation="" if claims is None else RECOMMEND.format(
+            lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), alpha=stats.FAMILY_ERROR,
+            **robust),
+        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts), **robust, together="\n\n".join(
+            t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
+        headline="" if fig is None else HEADLINE.format(figure=rel(fig), sweep=headline),
+        sweeps=sweeps_table(sweeps, runs, root, page.parent),
+        sections="\n".join("\n".join(sweep_section(sweep, runs[runs.sweep == name], figures[name], rel,
+                                                    root / name / "report.md")) for name, sweep in sweeps.items()))
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n")
+    return page
+
+
+def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None, curve: str | None = None,
+                draw: bool = True) -> list[Path]:
+    """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = write_figures(sweep, runs, out, panel, curve) if draw else []
+    (out / "report.md").write_text(sweep_markdown(sweep, runs, figures))
+    made = {out / "report.md", write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
+    for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
+        stale.unlink()
+    return figures
+
+
+# ---------------------------------------------------------------- how numbers are judged
+
+
+def judged(verdicts: list[cl.Verdict]) -> dict:
+    """The interval's method and simulated coverage, and the size of the page's Holm family."""
+    table = stats.coverage_table()
+    rows = [{"data": case, **{f"{c.seeds} seeds": f"{c.covered:.1%} (wholly above: {c.above:.1%})"
+                              for c in table if c.case == case}} for case in stats.COVERAGE_CASES]
+    tests = [t for v in verdicts for t in next(iter(v.readings.values()), []) if t.verdict and t.n >= stats.MIN_SEEDS]
+    return {"method": stats.METHOD, "reps": stats.COVERAGE_REPS, "coverage": markdown(rows), "tests": len(tests),
+            "mix": next(c for c in table if c.case == list(stats.COVERAGE_CASES)[-1]), "min_seeds": stats.MIN_SEEDS,
+            "alpha": stats.FAMILY_ERROR}
+
+
+def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
+    """The binomial noise of one final evaluation, beside the paired differences the sweeps report."""
+    usable = runs[runs.usable & np.isfinite(runs.eval_sampled)]
+    problems = int(pd.Series([(r.config.get("task") or {}).get("eval_size", 0) for r in usable.record]).mode()[0])
+    if not problems:
+        return {"noise": "", "problems": "the"}
+    p = float(usable.eval_sampled.mean())
+    sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
+    diffs = np.array([abs(stats.paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
+                      for name, s in sweeps.items() if s.reference
+                      for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
+    diffs = diffs[np.isfinite(diffs)]
+    return {"problems": problems, "noise": NOISE.format(
+        problems=problems, sd=sd / math.sqrt(2), p=p, most=0.5 / math.sqrt(problems), sd2=sd,
+        small=int((diffs < 2 * sd).sum()), diffs=len(diffs), two=2 * sd, median=np.median(diffs))}
+
+
+def collapse_check(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
+    """The rule's simulated rates (and the previous rule's), and the rule against an independent criterion on the
+    sweeps' own runs: the final evaluation below half the warm start's."""
+    now, before = collapse.rates(collapse.RULE), collapse.rates(collapse.PREVIOUS)
+    previous = ("the same collapse, flagged by the previous rule (half the best, 2 evaluations)",
+                list(collapse.SCENARIOS)[-1], before)
+    rows = [{"simulated run": name, **{f"flagged, {r.points} evaluations": f"{r.flagged:.1%}" for r in rates
+                                       if r.scenario == scenario}}
+            for name, scenario, rates in [(s, s, now) for s in collapse.SCENARIOS] + [previous]]
+    usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
+    fell = usable.eval_sampled < 0.5 * usable.warm_start
+    missed, extra = usable[fell & ~usable.collapsed], usable[~fell & usable.collapsed]
+    healthy = usable[usable.eval_sampled >= usable.warm_start]
+    fired = [f"`{name}` {', '.join(k)}: {int(c.collapsed.sum())}/{len(c)}" for name, sweep in sweeps.items()
+             for k, c in conditions(sweep, runs[(runs.sweep == name) & runs.usable])
+             if 2 * c.collapsed.sum() >= len(c) > 0 and c.collapsed.any()]
+    names = lambda frame: "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "  # noqa: E731
+                                    f"{r.warm_start:.3f})" for r in frame.itertuples()) or "none"
+    return {"rule": collapse.describe(), "sim_runs": now[0].runs, "simulated": markdown(rows), "checked": len(usable),
+            "fell": int(fell.sum()), "missed": len(missed), "miss_rate": ci_text(rate_ci(len(missed), int(fell.sum()))),
+            "missed_runs": names(missed), "healthy": len(healthy), "healthy_flagged": int(healthy.collapsed.sum()),
+            "healthy_rate": ci_text(rate_ci(int(healthy.collapsed.sum()), len(healthy))), "extra": len(extra),
+            "extra_runs": names(extra), "fired": len(fired), "controls": "; ".join(fired) or "nowhere yet"}
+
+
+# ---------------------------------------------------------------- claims and sweeps
+
+
+def measured(v: cl.Verdict) -> str:
+    """What a verdict rests on, in words: each test with its Holm-adjusted p, and the readings that differ."""
+    if not v.readings:
+        return v.text
+    (metric, tests), *others = v.readings.items()
+    holm = lambda t: f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else ""  # noqa: E731
+    text = ("collapses" if metric == "collapsed" else f"{metric} difference") + ": " + "; ".join(
+        f"{t.name}: {t.text}{holm(t)}" for t in tests)
+    if v.verdict == cl.DEPENDS:
+        by = {m: cl.combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
+        text += f"; {by[metric]} on {cl.READINGS[metric]}, but " + "; ".join(
+            f"{by[m]} on {cl.READINGS[m]} (" + "; ".join(f"{t.name} {ci_text(t.ci, signed=True)}" for t in ts) + ")"
+            for m, ts in others if by[m] != by[metric])
+    return text
+
+
+def together_text(verdicts: list[cl.Verdict], numbers: list[int], runs: pd.DataFrame) -> str:
+    """Claims that make the same comparison at different budgets (optimizer steps), read side by side."""
+    vs = {i: verdicts[i - 1] for i in numbers if (runs.sweep == verdicts[i - 1].claim.sweep).any()}
+    budget = {i: int(runs[runs.sweep == v.claim.sweep].updates.max()) for i, v in vs.items()}
+    lines = []
+    for name in dict.fromkeys(t.name for v in vs.values() for t in next(iter(v.readings.values()), [])):
+        seen = sorted(((i, t) for i, v in vs.items() for t in next(iter(v.readings.values())) if t.name == name),
+                      key=lambda x: budget[x[0]])
+        if len(seen) < 2:
+            continue
+        lines.append(f"{name}: " + "; ".join(f"after {budget[i]} updates {t.text} (claim {i}: {vs[i].verdict})"
+                                            for i, t in seen) + ".")
+        (i1, t1), (i2, t2) = seen[0], seen[-1]
+        if t1.ci and t2.ci and t1.ci.resolved and t2.ci.resolved:
+            has0 = [ci.low <= 0 <= ci.high for ci in (t1.ci, t2.ci)]
+            apart = t1.ci.high < t2.ci.low or t2.ci.high < t1.ci.low or has0[0] != has0[1]
+            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[i1]} updates and "
+                         f"between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[i2]}" + (
+                             ": what the shorter runs measure does not hold for the longer ones." if apart else
+                             ": the two budgets agree within their intervals."))
+    return (f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): "
+            + " ".join(lines)) if lines else ""
+
+
+def claims_table(verdicts: list[cl.Verdict]) -> str:
+    return markdown([{"#": str(i), "the paper says": v.claim.paper, "sweep": v.claim.sweep,
+                      "we measured": measured(v).replace("|", "\\|"), "agrees?": f"**{v.verdict}**",
+                      "robustness": v.robustness or "–"} for i, v in enumerate(verdicts, 1)])
+
+
+def sweeps_table(sweeps: dict[str, Sweep], runs: pd.DataFrame, root: Path, page_dir: Path) -> str:
+    return markdown([{"sweep": f"`{name}`", "file": f"`{sweep.source}`", "runs finished / in grid":
+                      f"{int((runs[runs.sweep == name].status == 'done').sum())} / {len(sweep.points())}",
+                      "wall time": wall_text(sweep.sessions, runs[runs.sweep == name]),
+                      "commit": commit_text(sweep.sessions), "machine": "; ".join(dict.fromkeys(
+                          f"{m.get('node', '?')} ({m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')})"
+                          for m in (x.get("machine") or {} for x in sweep.sessions))) or "not recorded",
+                      "report": f"[report]({os.path.relpath(root / name / 'report.md', page_dir)})"}
+                     for name, sweep in sweeps.items()])
+
+
+def wall_text(sessions: list[dict], runs: pd.DataFrame) -> str:
+    runs_min = f"runs {sum(float(r.summary.get('seconds') or 0) for r in runs.record) / 60:.0f} min in all"
+    if not sessions:
+        return f"not recorded ({runs_min})"
+    killed = sum(x.get("end") is None for x in sessions)
+    return (f"{sum(float(x.get('seconds') or 0) for x in sessions) / 60:.0f} min"
+            + (f", {len(sessions)} calls" if len(sessions) > 1 else "")
+            + (f", {killed} killed (counted to the last time seen alive)" if killed else "") + f" ({runs_min})")
+
+
+def commit_text(sessions: list[dict]) -> str:
+    seen = dict.fromkeys((x.get("commit") or "unknown")[:9] + (" (dirty)" if x.get("dirty") else "") for x in sessions)
+    return ", ".join(f"`{c}`" for c in seen) or "not recorded"
+
+
+def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> list[str]:
+    lines, s = [f"### `{sweep.name}`", ""], sweep.sessions
+    if s:
+        when = [_when(x) for x in (s[0].get("start", "?"), s[-1].get("end") or s[-1].get("last_seen") or "?")]
+        lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", "",
+                  *(f"    {c}" for c in dict.fromkeys(x["command"] for x in s)), "",
+                  f"Ran from {when[0]} to {when[1]}; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
+    else:
+        lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]
+    lines += sweep_tables(sweep, runs) + [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]
+    return lines + ["", "Figures: " + ", ".join(f"[{f.stem}]({rel(f)})" for f in figures)
+                    + f"; [the full report, every run]({rel(report)}).", ""]
+
+
+def _when(iso: str) -> str:
+    try:
+        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return iso

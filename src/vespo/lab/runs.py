@@ -24,10 +24,11 @@ import yaml
 from vespo.config import load_yaml
 from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS, Sweep, excluded
-from vespo.lab.provenance import read_sessions
 from vespo.metrics import read_jsonl
 
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
+SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.lab.sweep)
+RUN_KEYS = ("name", "lab", "config", "summary", "eval_before", "rows")  # an archived run (Run's fields)
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
 TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training reward over windows of updates
 
@@ -169,31 +170,34 @@ def table(sweep: Sweep, runs: list[Run]) -> pd.DataFrame:
 def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     """A sweep's record and runs from its directory or its archive (a runs.json.gz, or a folder holding one);
     a run the sweep file has since excluded stays out."""
-    path = Path(path)
+    path, archive = Path(path), Path(path) if Path(path).is_file() else Path(path) / ARCHIVE
     if (path / "sweep.json").is_file():
         sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), read_sessions(path))
-        labs = {d: json.loads((d / "lab.json").read_text()) for d in sorted(path.iterdir())
-                if (d / "lab.json").is_file()}
-        if (bad := next((d for d, lab in labs.items() if "labels" not in lab), None)) is not None:
-            raise ValueError(f"{bad / 'lab.json'} has no 'labels'")
-        return sweep, [read_run(d, lab) for d, lab in labs.items() if not excluded(lab["labels"], sweep.exclude)]
-    archive = path if path.is_file() else path / ARCHIVE
-    if not archive.is_file():
+        runs = [read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()]
+    elif archive.is_file():
+        body = read_archive_body(archive)
+        sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
+        runs = [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
+                for x in body["runs"]]
+    else:
         raise FileNotFoundError(f"{path} is not a sweep directory: no sweep.json (run `vespo sweep` first) and no "
                                 f"{ARCHIVE} archive")
-    body = read_archive_body(archive)
-    sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
-    return sweep, [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
-                   for x in body["runs"] if not excluded(x["lab"]["labels"], sweep.exclude)]
+    return sweep, [r for r in runs if not excluded(r.lab["labels"], sweep.exclude)]
 
 
-def read_run(run_dir: Path, lab: dict) -> Run:
-    def file(name: str) -> dict:
-        return json.loads((run_dir / name).read_text()) if (run_dir / name).is_file() else {}
+def read_run(run_dir: Path) -> Run:
+    def file(name: str, read: Callable = lambda p: json.loads(p.read_text()), none=None):
+        return read(run_dir / name) if (run_dir / name).is_file() else none
 
-    config = load_yaml(run_dir / "config.yaml", "run config", ValueError) if (run_dir / "config.yaml").is_file() else {}
-    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else None
-    return Run(run_dir.name, lab, config, file("summary.json"), file("eval_before.json"), rows)
+    lab = file("lab.json")
+    if "labels" not in lab:
+        raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
+    return Run(run_dir.name, lab, file("config.yaml", lambda p: load_yaml(p, "run config", ValueError), {}),
+               file("summary.json", none={}), file("eval_before.json", none={}), file("metrics.jsonl", read_jsonl))
+
+
+def read_sessions(sweep_dir: Path) -> list[dict]:
+    return read_jsonl(sweep_dir / SESSIONS) if (sweep_dir / SESSIONS).is_file() else []
 
 
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
@@ -220,9 +224,8 @@ def read_archive_body(path: Path) -> dict:
         raise ValueError(f"{path}: unknown archive format {body.get('format') if isinstance(body, dict) else None!r} "
                          f"(this vespo reads format {ARCHIVE_FORMAT})")
     for i, item in enumerate(body["runs"]):
-        missing = [k for k in ("name", "lab", "config", "summary", "eval_before", "rows") if k not in item]
-        if missing or "labels" not in (item.get("lab") or {}):
-            raise ValueError(f"{path}: run {i + 1} lacks {missing or ['lab.labels']}")
+        if missing := [k for k in RUN_KEYS if k not in item] or ([] if "labels" in (item["lab"] or {}) else ["labels"]):
+            raise ValueError(f"{path}: run {i + 1} lacks {missing}")
     return body
 
 

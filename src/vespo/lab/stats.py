@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -37,14 +38,8 @@ class Interval:
 @dataclass(frozen=True)
 class Paired:
     values: pd.Series  # a - b on each seed both have (index: seed)
-
-    @property
-    def diff(self) -> Interval:
-        return mean_ci(self.values)
-
-    @property
-    def wins(self) -> int:
-        return int((self.values > 0).sum())
+    diff = property(lambda self: mean_ci(self.values))  # its mean with the interval
+    wins = property(lambda self: int((self.values > 0).sum()))  # seeds where a is higher
 
 
 def ci_text(ci: Interval | None, signed: bool = False, digits: int = 3) -> str:
@@ -67,12 +62,11 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)  # [n]
     if x.size < MIN_SEEDS:
         return Interval(float(x.mean()) if x.size else math.nan, math.nan, math.nan, int(x.size))
-    mean, low, high = t_interval(x, confidence)
-    return Interval(float(mean), float(low), float(high), int(x.size))
+    return Interval(*map(float, t_interval(x, confidence)), int(x.size))
 
 
 def paired(a: pd.Series, b: pd.Series) -> Paired:  # a - b on the seeds where both are finite
-    d = (a - b).dropna()
+    d = a - b
     return Paired(d[np.isfinite(d)])
 
 
@@ -121,8 +115,7 @@ COVERAGE_SEEDS = (3, 5, 10)
 COVERAGE_REPS = 20000  # Monte-Carlo error ~0.2%
 
 
-@dataclass(frozen=True)
-class Coverage:
+class Coverage(NamedTuple):
     case: str
     seeds: int
     covered: float  # share of simulated intervals that hold the true mean

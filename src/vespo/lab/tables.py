@@ -7,6 +7,7 @@ settle), lr_table (the collapse rate at each learning rate), run_table.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +33,18 @@ def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
     return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
 
 
-def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None) -> list[tuple[tuple, pd.DataFrame]]:
-    """(labels, runs) per condition (the sweep's axes but the seed, or ``axes``), in grid order."""
+def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None,
+               grid: bool = False) -> list[tuple[tuple, pd.DataFrame]]:
+    """(labels, runs) per condition (the sweep's axes but the seed, or ``axes``), in grid order; ``grid``: the
+    grid's conditions without runs too (no rows)."""
     axes = sweep.conditions if axes is None else axes
     if not axes:
         return [((), runs)]
     order = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
-    groups = [(k if isinstance(k, tuple) else (k,), g) for k, g in runs.groupby(axes, sort=False)]
-    return sorted(groups, key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(order, kg[0])))
+    groups = {k if isinstance(k, tuple) else (k,): g for k, g in runs.groupby(axes, sort=False)}
+    for key in (tuple(p.labels[a] for a in axes) for p in sweep.points()) if grid else []:
+        groups.setdefault(key, runs.iloc[:0])
+    return sorted(groups.items(), key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(order, kg[0])))
 
 
 def _agg(values: pd.Series, how: str) -> float:
@@ -48,13 +53,15 @@ def _agg(values: pd.Series, how: str) -> float:
 
 
 def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
-    rows = []
-    for key, cell in conditions(sweep, runs):
+    """Per condition of the grid; "3 of 5 (+1 not finished)": usable runs of the grid's, and the runs still going."""
+    planned, rows = Counter(tuple(p.labels[a] for a in sweep.conditions) for p in sweep.points()), []
+    for key, cell in conditions(sweep, runs, grid=True):
         u = cell[cell.usable]
         reasons = ", ".join(sorted(set(u[u.collapsed].reason)))
         lo, hi = _agg(u.log_w_min, "min"), _agg(u.log_w_max, "max")
         rows.append({**dict(zip(sweep.conditions, key)),
-                     "runs": f"{len(u)}" + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
+                     "runs": f"{len(u)}" + (f" of {planned[key]}" if len(u) < planned[key] else "")
+                     + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
                      **{name: ci_text(mean_ci(by_seed(cell, m))) for m, name in FINALS.items()},
                      **{f"{what} to {TARGET_REWARD:g}": reached_text(cell, f"{what}_to_target")
                         for what in ("updates", "seconds")},
