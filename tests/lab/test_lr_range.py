@@ -1,9 +1,9 @@
 """Collapses against the learning rate on hand-made sweep directories: per lr the runs, the ones not
 finished and the collapsed ones, and the table with each rate's exact interval."""
 
-from vespo.lab import tables
+from vespo.lab import report
 from vespo.lab.runs import read_lab
-from vespo.lab.tables import lr_points, lr_text
+from vespo.lab.runs import lr_points, lr_text
 
 from conftest import cells
 
@@ -37,7 +37,7 @@ def test_collapses_and_unfinished_runs_per_learning_rate(synthetic):
 def test_the_lr_table(synthetic):
     dead = {("grpo", "2e-4", s) for s in "012"} | {("grpo", "1e-4", "1")}
     sweeps, runs = _sweep(synthetic, dead, unfinished={("vespo", "2e-4", "0")})
-    head, vespo, grpo = cells(tables.lr_table(sweeps["lr"], runs))
+    head, vespo, grpo = cells(report.lr_table(sweeps["lr"], runs))
     assert head == ["loss", "5e-5", "1e-4", "2e-4"]
     # 1 of 3: Clopper-Pearson [beta.ppf(0.05, 1, 3), beta.ppf(0.95, 2, 2)] = [0.017, 0.865]; 3 of 3: [0.368, 1]
     assert grpo == ["grpo", "0/3: 0.00 [0.00, 0.63]", "1/3: 0.33 [0.02, 0.86]", "3/3: 1.00 [0.37, 1.00]"]

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from vespo.lab import collapse, report, stats, tables
+from vespo.lab import collapse, report, stats
 from vespo.lab.runs import read_lab
 
 from conftest import cells
@@ -85,7 +85,7 @@ def test_the_page_says_how_numbers_are_judged_from_the_code(synthetic, tmp_path)
         assert f"{r.flagged:.1%}" in text
     sweeps, runs = read_lab([st.dir])
     sweep = sweeps["staleness"]
-    assert tables.condition_table(sweep, runs) in text and tables.paired_table(sweep, runs) in text
+    assert report.condition_table(sweep, runs) in text and report.paired_table(sweep, runs) in text
     assert "One final evaluation on" not in text  # the synthetic runs name no task.eval_size
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from vespo.lab import figures, report, tables
+from vespo.lab import figures, report
 from vespo.lab.grid import Axis, Sweep
 from vespo.lab.runs import by_seed, read_lab
 from vespo.lab.stats import ci_text, mean_ci, paired
@@ -59,7 +59,7 @@ def _staleness(synthetic):
 def test_condition_rows_give_the_mean_over_seeds_with_its_interval(synthetic):
     sw, evals = _staleness(synthetic)
     sweeps, runs = read_lab([sw.dir])
-    head, *rows = cells(tables.condition_table(sweeps["st"], runs))
+    head, *rows = cells(report.condition_table(sweeps["st"], runs))
     assert head[:9] == ["loss", "N", "runs", "held-out sampled", "held-out greedy", "train (last quarter)",
                         "updates to 0.6", "seconds to 0.6", "collapsed"]
     rows = {tuple(r[:2]): r for r in rows}
@@ -94,7 +94,7 @@ def test_time_to_the_target_reward_is_the_same_measure_at_every_n(synthetic):
 def test_paired_differences_against_vespo_seed_by_seed(synthetic):
     sw, evals = _staleness(synthetic)
     sweeps, runs = read_lab([sw.dir])
-    head, *rows = cells(tables.paired_table(sweeps["st"], runs))
+    head, *rows = cells(report.paired_table(sweeps["st"], runs))
     assert head == ["N", "loss", "Δ held-out sampled", "Δ held-out greedy", "Δ train (last quarter)", "seeds",
                     "higher in"]
     assert len(rows) == 2  # grpo at N = 1 and N = 8
@@ -120,7 +120,7 @@ def test_a_run_that_failed_otherwise_is_left_out_and_counted(synthetic):
     sw.run({"loss": "vespo", "seed": "1"}, [0.4], returncode=1, status="failed")
     sweeps, runs = read_lab([sw.dir])
     assert by_seed(runs, "eval_sampled").to_dict() == {"0": 0.6}
-    row = cells(tables.condition_table(sweeps["t"], runs))[1]
+    row = cells(report.condition_table(sweeps["t"], runs))[1]
     assert row[1] == "1 (+1 not finished)" and row[2] == "0.600"
 
 

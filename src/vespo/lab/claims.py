@@ -105,13 +105,8 @@ class Claim(BaseModel):
             raise ValueError(f"expect {self.expect!r} is not valid for {type(self).__name__.lower()}; choose one of "
                              + ", ".join(choices))
 
-    @property
-    def kind(self) -> str:
-        return self.expect if isinstance(self.expect, str) else next(iter(self.expect), "")
-
-    @property
-    def margin(self) -> float:
-        return math.nan if isinstance(self.expect, str) else float(next(iter(self.expect.values())))
+    kind = property(lambda self: self.expect if isinstance(self.expect, str) else next(iter(self.expect), ""))
+    margin = property(lambda self: math.nan if isinstance(self.expect, str) else float(*self.expect.values()))
 
     def sides(self) -> list[Where]:
         return [self.a, *self.b] if hasattr(self, "a") else [self.select]
@@ -228,12 +223,11 @@ class Collapses(Claim):
                            AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
         if (c := self.control) is not None:
             control, name = select(runs[(runs.sweep == c.sweep) & runs.usable], c.where), f"{c.sweep} {_text(c.where)}"
-            if control.empty:
-                text, verdict = f"{text}; control ({name}) not run: the rule was not seen to fire", UNRESOLVED
-            else:
-                text += f"; control ({name}): {collapse_text(control)}"
-                if not control.collapsed.any() and verdict == AGREES:
-                    text, verdict = text + ": the rule fired in no control run, so 'no collapse' says nothing", UNRESOLVED
+            text += f"; control ({name})" + (f": {collapse_text(control)}" if len(control) else
+                                             " not run: the rule was not seen to fire")
+            if control.empty or (not control.collapsed.any() and verdict == AGREES):
+                text += "" if control.empty else ": the rule fired in no control run, so 'no collapse' says nothing"
+                verdict = UNRESOLVED
         return Verdict(self, text=text, verdict=verdict)
 
 
@@ -254,9 +248,6 @@ def settling(runs: pd.DataFrame) -> tuple[Interval, str]:
 
 
 KINDS: dict[str, type[Claim]] = {"compare": Compare, "across": Across, "stabler": Stabler, "collapses": Collapses}
-
-
-# ---------------------------------------------------------------- the file
 
 
 class Setting(BaseModel):
@@ -341,9 +332,6 @@ def check_where(values: dict[str, list[str]], where: Where) -> None:
         if axis not in values or bad:
             raise ValueError(f"{axis}={bad} not in the grid's values {values[axis]}" if axis in values else
                              f"no axis {axis!r}; axes: {list(values)}")
-
-
-# ---------------------------------------------------------------- the verdicts
 
 
 def evaluate(claims: Claims, sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Verdict]:

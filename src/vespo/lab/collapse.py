@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import Annotated, NamedTuple
 
 import numpy as np
+import pydantic
+from pydantic import Field, PositiveInt
 from scipy.signal import lfilter
 from scipy.special import expit, logit
 
 
-@dataclass(frozen=True)
-class Collapse:
+class Collapse(NamedTuple):
     collapsed: bool
     reason: str | None = None  # "nonfinite", "reward" or "eos"
     step: int | None = None  # 1-based evidence point where the collapse began
@@ -26,19 +27,13 @@ class Collapse:
     evidence: str | None = None  # "held-out" or "train"
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class CollapseRule:
-    fraction: float = 0.6  # evidence below fraction x its best so far counts as fallen
-    patience: int = 1  # fallen for at least this many points through the last
+    fraction: Annotated[float, Field(gt=0, lt=1)] = 0.6  # evidence below fraction x its best so far counts as fallen
+    patience: PositiveInt = 1  # fallen for at least this many points through the last
     min_best: float = 0.05  # a best below this is too small to fall from
-    eos_floor: float = 0.5  # EOS rate below this counts as "responses stopped ending"
-    every: int = 64  # updates per window of training rows (the lab's run.eval_every_updates)
-
-    def __post_init__(self) -> None:
-        for name, ok in (("fraction", 0 < self.fraction < 1), ("patience", self.patience >= 1),
-                         ("eos_floor", 0 < self.eos_floor <= 1), ("every", self.every >= 1)):
-            if not ok:
-                raise ValueError(f"collapse rule: bad {name} {getattr(self, name)!r}")
+    eos_floor: Annotated[float, Field(gt=0, le=1)] = 0.5  # EOS rate below this: "responses stopped ending"
+    every: PositiveInt = 64  # updates per window of training rows (the lab's run.eval_every_updates)
 
 
 RULE = CollapseRule()
@@ -76,8 +71,7 @@ def detect_collapse(rewards: Sequence[float], skipped: Sequence[float] | None = 
     return min(found, key=lambda c: c.step) if found else Collapse(False)
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(NamedTuple):
     source: str  # "held-out" or "train"
     updates: list[int]  # optimizer steps taken at each point
     rewards: list[float]  # held-out sampled accuracy, or the window's mean training reward
@@ -129,8 +123,7 @@ SCENARIOS = {"stable, calm (wobble 0.3)": (0.3, "none"), "stable, large swings (
              "collapse to a half down to a third": (0.3, "collapse")}
 
 
-@dataclass(frozen=True)
-class Rate:
+class Rate(NamedTuple):
     scenario: str
     points: int  # evaluations during the run
     flagged: float  # share of runs the rule called collapsed

@@ -14,9 +14,8 @@ import numpy as np
 import pandas as pd
 
 from vespo.lab.grid import Sweep
-from vespo.lab.runs import by_seed, select
+from vespo.lab.runs import LR_AXIS, by_seed, conditions, lr_of, lr_points, lr_text, select
 from vespo.lab.stats import CONFIDENCE, mean_ci, paired, rate_ci
-from vespo.lab.tables import LR_AXIS, conditions, lr_of, lr_points, lr_text
 from vespo.plot import color_of, display_name
 
 BINS = 32  # windows per run for the curves

@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -32,16 +33,18 @@ import pandas as pd
 
 from vespo.lab import claims as cl
 from vespo.lab import collapse, stats
+from vespo.lab.claims import SETTLED_BAND, settling
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.runs import ARCHIVE, by_seed, read_lab, write_archive
-from vespo.lab.stats import ci_text, rate_ci
-from vespo.lab.tables import conditions, markdown, reference_pairs, sweep_markdown, sweep_tables
+from vespo.lab.runs import (ARCHIVE, LR_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions, lr_points, lr_text,
+                            read_lab, write_archive)
+from vespo.lab.stats import ci_text, mean_ci, paired, rate_ci
 
+FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
-PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE = re.split(r"\n<!-- the \w+ section -->\n",
-                                                    Path(__file__).with_name("page.md").read_text())
+PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE, REPORT, TABLES = re.split(  # the words of the page and the reports
+    r"\n<!-- the \w+ section -->\n", Path(__file__).with_name("page.md").read_text().rstrip("\n"))
 
 
 def main(argv: list[str]) -> int:
@@ -128,6 +131,126 @@ def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None =
     return figures
 
 
+# ---------------------------------------------------------------- a sweep's tables
+
+
+def markdown(rows: list[dict]) -> str:
+    return pd.DataFrame(rows).to_markdown(index=False, tablefmt="github", disable_numparse=True) if rows else ""
+
+
+def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
+
+
+def _agg(values: pd.Series, how: str) -> float:
+    finite = values[np.isfinite(values.to_numpy(dtype=float))]
+    return float(getattr(finite, how)()) if len(finite) else math.nan
+
+
+def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Per condition of the grid; "3 of 5 (+1 not finished)": usable runs of the grid's, and the runs still going."""
+    planned, rows = Counter(tuple(p.labels[a] for a in sweep.conditions) for p in sweep.points()), []
+    for key, cell in conditions(sweep, runs, grid=True):
+        u = cell[cell.usable]
+        reasons = ", ".join(sorted(set(u[u.collapsed].reason)))
+        lo, hi = _agg(u.log_w_min, "min"), _agg(u.log_w_max, "max")
+        rows.append({**dict(zip(sweep.conditions, key)),
+                     "runs": f"{len(u)}" + (f" of {planned[key]}" if len(u) < planned[key] else "")
+                     + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
+                     **{name: ci_text(mean_ci(by_seed(cell, m))) for m, name in FINALS.items()},
+                     **{f"{what} to {TARGET_REWARD:g}": reached_text(cell, f"{what}_to_target")
+                        for what in ("updates", "seconds")},
+                     "collapsed": f"{int(u.collapsed.sum())}/{len(u)}" + (f" ({reasons})" if reasons else ""),
+                     "max grad norm": num(_agg(u.max_grad_norm, "max")), "mean ESS": num(_agg(u.ess, "mean")),
+                     "log W range": f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo + hi) else "–",
+                     "stale KL k3": num(_agg(u.final_kl, "mean"), sci=True),
+                     "engine KL k3": num(_agg(u.final_engine_kl, "mean"), sci=True)})
+    return markdown(rows)
+
+
+def reached_text(runs: pd.DataFrame, metric: str) -> str:
+    """Mean [interval] over the runs that reached the target, "(k/n)" when not all did; "never (0/n)"."""
+    values = by_seed(runs, metric)
+    reached = values[np.isfinite(values)]
+    if not len(reached):
+        return f"never (0/{len(values)})" if len(values) else "–"
+    some = f" ({len(reached)}/{len(values)})" if len(reached) < len(values) else ""
+    return ci_text(mean_ci(reached), digits=0) + some
+
+
+def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
+    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition."""
+    (axis, ref), = sweep.reference.items()
+    cells = dict(conditions(sweep, runs))
+    for key, cell in cells.items():
+        labels = dict(zip(sweep.conditions, key))
+        if labels[axis] != ref:
+            partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
+            yield labels, cell, cells.get(partner, runs.iloc[:0])
+
+
+def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Each condition minus the reference condition with the same other labels, seed by seed."""
+    if not sweep.reference:
+        return ""
+    (axis, _), rows = next(iter(sweep.reference.items())), []
+    for labels, cell, partner in reference_pairs(sweep, runs):
+        d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in FINALS}
+        rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis],
+                     **{f"Δ {name}": ci_text(d[m].diff, signed=True) for m, name in FINALS.items()},
+                     "seeds": str(d["eval_sampled"].diff.n),
+                     "higher in": f"{d['eval_sampled'].wins}/{d['eval_sampled'].diff.n}"})
+    return markdown(rows)
+
+
+def settle_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    rows = [{**dict(zip(sweep.conditions, key)), "last quarter minus the quarter before": ci_text(ci, signed=True),
+             "curves": word} for key, cell in conditions(sweep, runs) for ci, word in [settling(cell)]]
+    return markdown(rows) if any(r["curves"] != "–" for r in rows) else ""
+
+
+def lr_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Per condition but the lr, the collapse rate at each lr with its exact interval."""
+    if LR_AXIS not in sweep.conditions:
+        return ""
+    others = [a for a in sweep.conditions if a != LR_AXIS]
+    return markdown([{**dict(zip(others, key)), **{lr_text(lr): f"{p.collapsed}/{p.runs}: "
+                                                   f"{ci_text(rate_ci(int(p.collapsed), int(p.runs)), digits=2)}"
+                                                   + (f" (+{p.missing})" if p.missing else "")
+                                                   for lr, p in lr_points(cell).iterrows()}}
+                     for key, cell in conditions(sweep, runs, others)])
+
+
+def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    return markdown([{"run": f"`{r.run}`", "status": r.status, "logged steps": str(len(r.record.rows or [])),
+                      **{name: num(getattr(r, m)) for m, name in FINALS.items()}, "best train": num(r.best_reward),
+                      f"updates to {TARGET_REWARD:g}": num(r.updates_to_target, digits=0),
+                      "collapse": f"{r.reason} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
+                      "max grad norm": num(r.max_grad_norm), "mean ESS": num(r.ess), "final EOS rate": num(r.final_eos),
+                      "seconds": num(r.seconds, digits=0)} for r in runs.itertuples()])
+
+
+def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
+    """The tables the report and the page print for a sweep, below the sweep file's description."""
+    heads = TABLES.format(reference=" = ".join(next(iter(sweep.reference.items()), "")), band=SETTLED_BAND,
+                          level=f"{stats.CONFIDENCE:.0%}").splitlines()
+    tables = [condition_table(sweep, runs), paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
+    return ([sweep.description, ""] if sweep.description else []) + [
+        line for head, table in zip(["", *heads], tables) if table for line in ([head, ""] if head else []) + [table, ""]]
+
+
+def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
+    """report.md: the sweep's tables, every run, its figures."""
+    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
+    definitions = REPORT.format(level=f"{stats.CONFIDENCE:.0%}", method=stats.METHOD, target=TARGET_REWARD,
+                                window=TARGET_WINDOW, rule=collapse.describe())
+    lines = [f"## Sweep `{sweep.name}`", "", f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "")
+             + ". " + definitions, "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]
+    return "\n".join(lines + [f"![{f.stem}]({f.name})" for f in figures]) + "\n"
+
+
 # ---------------------------------------------------------------- how numbers are judged
 
 
@@ -150,7 +273,7 @@ def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
         return {"noise": "", "problems": "the"}
     p = float(usable.eval_sampled.mean())
     sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
-    diffs = np.array([abs(stats.paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
+    diffs = np.array([abs(paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
                       for name, s in sweeps.items() if s.reference
                       for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]

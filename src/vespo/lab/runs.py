@@ -29,6 +29,7 @@ from vespo.metrics import read_jsonl
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
 SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.lab.sweep)
 RUN_KEYS = ("name", "lab", "config", "summary", "eval_before", "rows")  # an archived run (Run's fields)
+LR_AXIS = "lr"
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
 TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training reward over windows of updates
 
@@ -65,13 +66,13 @@ class Run:
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(updates, values) of a logged key: an evaluation after its row's updates, a training metric at the
-        updates taken before its row's samples were trained; "-key": minus the key."""
-        shift, sign, key = (0 if "eval/" in key else -1), (-1 if key[0] == "-" else 1), key.lstrip("-")
-        pts = [((int(r["step"]) + shift) * self.n, sign * float(r[key])) for r in self.rows or [] if key in r]
+        updates taken before its row's samples were trained."""
+        shift = 0 if "eval/" in key else -1
+        pts = [((int(r["step"]) + shift) * self.n, float(r[key])) for r in self.rows or [] if key in r]
         return np.array([u for u, _ in pts]), np.array([v for _, v in pts])  # [k] each
 
     def quarter(self, key: str, q: int = 3, how: str = "mean") -> float:
-        """``how`` (mean, max) of a key over the q-th quarter (0..3) of the optimizer steps; q=None: all rows."""
+        """``how`` (mean, max, min) of a key over the q-th quarter (0..3) of the optimizer steps; q=None: all rows."""
         x, y = self.series(key)
         if q is not None:
             lo, hi = q * self.updates / 4, (q + 1) * self.updates / 4
@@ -83,31 +84,26 @@ def _after(key: str) -> Callable[[Run], float]:
     return lambda r: float((r.summary.get("eval_after") or {}).get(key, math.nan))
 
 
-METRICS: dict[str, tuple[str, Callable[[Run], float]]] = {  # name -> (what it is, how it is read)
-    "eval_sampled": ("held-out accuracy after the last update, one sample per problem", _after("reward_sampled")),
-    "eval_greedy": ("held-out accuracy after the last update, greedy", _after("reward_greedy")),
-    "eval_last": ("mean of the held-out evaluations during training in the last quarter of the updates",
-                  lambda r: r.quarter(EVAL)),
-    "eval_rise": ("that mean minus the same of the quarter before", lambda r: r.quarter(EVAL) - r.quarter(EVAL, 2)),
-    "train_last": ("training reward over the last quarter of the optimizer steps", lambda r: r.quarter("reward/mean")),
-    "best_reward": ("best training reward of a rollout step", lambda r: r.quarter("reward/mean", None, "max")),
-    "updates_to_target": (f"optimizer steps until the training reward over a window of {TARGET_WINDOW} updates first "
-                          f"reaches {TARGET_REWARD:g}", lambda r: time_to_target(r)[0]),
-    "seconds_to_target": ("training wall seconds (without evaluations) until then", lambda r: time_to_target(r)[1]),
-    "max_grad_norm": ("largest gradient norm (before clipping) of any update", lambda r: next((
-        x for x in (r.quarter(k, None, "max") for k in ("optim/grad_norm_max", "optim/grad_norm")) if x == x),
-        math.nan)),
-    "max_kl": ("largest per-step stale KL k3 (behavior policy vs the updated policy)",
-               lambda r: r.quarter("kl/k3", None, "max")),
-    "final_kl": ("stale KL k3 over the last quarter", lambda r: r.quarter("kl/k3")),
-    "final_engine_kl": ("engine KL k3 (rollout engine vs trainer) over the last quarter",
-                        lambda r: r.quarter("mismatch/k3")),
-    "ess": ("mean effective sample size of the sequence weights", lambda r: r.quarter("is/ess", None)),
-    "log_w_min": ("smallest sequence log-weight log W", lambda r: -r.quarter("-is/log_w_min", None, "max")),
-    "log_w_max": ("largest sequence log-weight log W", lambda r: r.quarter("is/log_w_max", None, "max")),
-    "final_eos": ("share of responses ending with EOS over the last quarter", lambda r: r.quarter("rollout/eos_rate")),
-    "warm_start": ("held-out accuracy before training", lambda r: r.before),
-    "seconds": ("the run's wall seconds", lambda r: float(r.summary.get("seconds") or math.nan)),
+METRICS: dict[str, Callable[[Run], float]] = {  # "quarter": of the updates; "of any": over all logged rows
+    "eval_sampled": _after("reward_sampled"),  # held-out accuracy after the last update, one sample per problem
+    "eval_greedy": _after("reward_greedy"),  # the same, greedy
+    "eval_last": lambda r: r.quarter(EVAL),  # mean of the held-out evaluations during the last quarter
+    "eval_rise": lambda r: r.quarter(EVAL) - r.quarter(EVAL, 2),  # that minus the same of the quarter before
+    "train_last": lambda r: r.quarter("reward/mean"),  # training reward over the last quarter
+    "best_reward": lambda r: r.quarter("reward/mean", None, "max"),  # best training reward of a rollout step
+    "updates_to_target": lambda r: time_to_target(r)[0],  # optimizer steps until TARGET_REWARD (time_to_target)
+    "seconds_to_target": lambda r: time_to_target(r)[1],  # training wall seconds (without evaluations) until then
+    "max_grad_norm": lambda r: next((x for x in (r.quarter(k, None, "max") for k in (  # before clipping, of any update
+        "optim/grad_norm_max", "optim/grad_norm")) if x == x), math.nan),
+    "max_kl": lambda r: r.quarter("kl/k3", None, "max"),  # stale KL k3 (behavior vs updated policy) of any step
+    "final_kl": lambda r: r.quarter("kl/k3"),  # stale KL k3 over the last quarter
+    "final_engine_kl": lambda r: r.quarter("mismatch/k3"),  # engine KL k3 (rollout engine vs trainer), last quarter
+    "ess": lambda r: r.quarter("is/ess", None),  # mean effective sample size of the sequence weights
+    "log_w_min": lambda r: r.quarter("is/log_w_min", None, "min"),  # smallest sequence log-weight log W
+    "log_w_max": lambda r: r.quarter("is/log_w_max", None, "max"),  # largest sequence log-weight log W
+    "final_eos": lambda r: r.quarter("rollout/eos_rate"),  # share of responses ending with EOS, last quarter
+    "warm_start": lambda r: r.before,  # held-out accuracy before training
+    "seconds": lambda r: float(r.summary.get("seconds") or math.nan),  # the run's wall seconds
 }
 ROW_KEYS = ("step", "reward/mean", "kl/k3", "mismatch/k3", "is/ess", "is/log_w_min", "is/log_w_max",
             "optim/grad_norm", "optim/grad_norm_max", "optim/n_skipped", "perf/step_s", "rollout/eos_rate",
@@ -129,20 +125,15 @@ def time_to_target(run: Run, target: float = TARGET_REWARD, window: int = TARGET
 def result(run: Run) -> dict:
     """A run's row of the table: status, collapse and METRICS (a broken policy scores 0)."""
     stopped = bool(run.lab.get("stopped_nonfinite"))
-    if run.rows:
-        c = collapse_of_rows(run.rows, run.n, run.before, stopped)
-    else:
-        c = Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
-    stats = {k: f(run) if run.rows else math.nan for k, (_, f) in METRICS.items()}
+    c = collapse_of_rows(run.rows, run.n, run.before, stopped) if run.rows else Collapse(stopped, "nonfinite", 1) \
+        if stopped else Collapse(False)
+    stats = {k: f(run) if run.rows else math.nan for k, f in METRICS.items()}
     if c.reason == "nonfinite" and not run.summary.get("eval_after"):
         stats.update(eval_sampled=0.0, eval_greedy=0.0, eval_last=0.0, train_last=0.0)
     usable = run.status == "done" or (c.reason == "nonfinite" and stopped)
     return {"run": run.name, "status": run.status, "usable": usable,
             **run.lab["labels"], "n": run.n, "updates": run.updates, "collapsed": c.collapsed, "reason": c.reason,
             "collapse_update": c.update, "evidence": c.evidence, **stats, "record": run}
-
-
-# ---------------------------------------------------------------- reading and writing
 
 
 def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
@@ -251,6 +242,39 @@ def select(runs: pd.DataFrame, where: dict) -> pd.DataFrame:
     """The runs whose labels match ``where`` ({axis: value or [values]})."""
     keep = np.ones(len(runs), dtype=bool)
     for axis, v in where.items():
-        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() \
-            if axis in runs else False
+        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() if axis in runs \
+            else False
     return runs[keep]
+
+
+def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None,
+               grid: bool = False) -> list[tuple[tuple, pd.DataFrame]]:
+    """(labels, runs) per condition (the sweep's axes but the seed, or ``axes``), in grid order; ``grid``: the
+    grid's conditions without runs too (no rows)."""
+    axes = sweep.conditions if axes is None else axes
+    if not axes:
+        return [((), runs)]
+    order = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
+    groups = {k if isinstance(k, tuple) else (k,): g for k, g in runs.groupby(axes, sort=False)}
+    for key in (tuple(p.labels[a] for a in axes) for p in sweep.points()) if grid else []:
+        groups.setdefault(key, runs.iloc[:0])
+    return sorted(groups.items(), key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(order, kg[0])))
+
+
+def lr_text(lr: float) -> str:
+    """5e-05 -> "5e-5", 0.00025 -> "2.5e-4"."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def lr_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's learning rate: its config's optim.lr, else its lr label."""
+    lr = runs.record.map(lambda r: float((r.config.get("optim") or {}).get("lr", math.nan)))
+    return lr.fillna(pd.to_numeric(runs[LR_AXIS], errors="coerce"))
+
+
+def lr_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per learning rate (ascending): usable runs, runs not finished, collapsed runs."""
+    out = runs.assign(lr_value=lr_of(runs), dead=runs.collapsed & runs.usable).groupby("lr_value").agg(
+        runs=("usable", "sum"), total=("usable", "size"), collapsed=("dead", "sum"))
+    return out.assign(missing=out.total - out.runs)

@@ -23,8 +23,7 @@ METHOD = "Student t-interval of the mean over seeds"
 MIN_SEEDS = 2  # the fewest values a t-interval can be formed from
 
 
-@dataclass(frozen=True)
-class Interval:
+class Interval(NamedTuple):
     mean: float
     low: float  # nan below MIN_SEEDS values
     high: float

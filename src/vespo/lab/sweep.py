@@ -6,16 +6,12 @@
     vespo sweep configs/lab/quick.yaml --out runs/quick run.steps=5           extra overrides for every run
     vespo sweep configs/lab/staleness.yaml --out /shared/runs/staleness --ray-address auto --jobs 64
 
-SWEEP_DIR holds sweep.json (the grid), base.yaml, sessions.jsonl (one line per call that runs something:
-command, commit, machine, start and end, rewritten every minute so a killed call keeps its last time seen
-alive) and one run directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/,
-train.log, lab.json). Re-running the same command resumes the sweep: finished runs are skipped, runs with
-a checkpoint resumed, failed runs kept as failed unless --retry-failed; a changed base config, or a run
-whose overrides changed, is refused, so results of different settings are never mixed. The runs go
-`--jobs` at a time, one torch thread each, on this machine or as Ray tasks on a cluster (SWEEP_DIR and
-the warm-start cache must then be on a file system every node sees); runs that share a warm start wait
-until the first of them has written it. `--from-archive` first writes back an earlier session's
-finished runs.
+SWEEP_DIR holds sweep.json (the grid), base.yaml, sessions.jsonl (per call: command, commit, machine, start,
+end) and a run directory per grid point (config.yaml, metrics.jsonl, summary.json, checkpoints/, train.log,
+lab.json). The same command again resumes the sweep: finished runs skipped, others resumed from their
+checkpoints, failed ones kept unless --retry-failed; another base config or changed overrides are refused.
+Runs go `--jobs` at a time, one torch thread each, here or as Ray tasks on a cluster (SWEEP_DIR and the
+warm-start cache on a file system every node sees); runs sharing a warm start wait for the first to write it.
 """
 
 from __future__ import annotations
@@ -31,10 +27,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import yaml
@@ -118,10 +115,9 @@ def parse_only(items: list[str], sweep: Sweep) -> dict[str, set[str]]:
         label, _, values = item.partition("=")
         if label not in axes or not values:
             raise SweepError(f"--only {item!r}: expected AXIS=V1,V2 with AXIS one of {sorted(axes)}")
+        if bad := set(values.split(",")) - set(axes[label]):
+            raise SweepError(f"--only {item!r}: {sorted(bad)} not in grid axis {label} {axes[label]}")
         only[label] = set(values.split(","))
-        if only[label] - set(axes[label]):
-            raise SweepError(f"--only {item!r}: {sorted(only[label] - set(axes[label]))} not in grid axis {label} "
-                             f"{axes[label]}")
     return only
 
 
@@ -136,17 +132,14 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
                     "rollout batch": f"{cfg.prompts_per_step} prompts = {cfg.prompts_per_step * group}",
                     "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
                     "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
-        summary, lab, checkpoints = _json(run_dir / "summary.json"), _json(run_dir / "lab.json"), run_dir / "checkpoints"
-        started = (run_dir / "metrics.jsonl").exists() or (checkpoints.is_dir() and any(checkpoints.iterdir()))
+        summary, lab = (json.loads(f.read_text()) if f.exists() else {} for f in (run_dir / "summary.json",
+                                                                                   run_dir / "lab.json"))
+        started = (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*"))
         action = ("skip" if summary.get("status") == "done" else
                   "failed" if lab.get("returncode", 0) != 0 and not retry_failed else
                   "resume" if started else "start")  # --resume starts over a run killed before its first checkpoint
         jobs.append(Job(point, run_dir, action, _warm_key(cfg), protocol))
     return jobs
-
-
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _warm_key(cfg) -> str:
@@ -261,19 +254,17 @@ class RayStarter:
         self.task = ray.remote(_run_on_node).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
 
     def __call__(self, args: list[str], log: Path) -> RayStarter.Run:
-        return self.Run(self.ray, self.task.remote(args, str(log)))
+        return self.Run(self.task.remote(args, str(log)).future())
 
-    @dataclass
-    class Run:
-        ray: object
-        ref: object
+    class Run(NamedTuple):  # a run started as a Ray task, polled like a process
+        future: Future
 
         def poll(self) -> int | None:
-            return self.wait() if self.ray.wait([self.ref], timeout=0)[0] else None
+            return self.wait() if self.future.done() else None
 
         def wait(self) -> int:
             try:
-                return int(self.ray.get(self.ref))
+                return int(self.future.result())
             except Exception:  # the node or the task died: a failed run (resumable)
                 return -1
 
