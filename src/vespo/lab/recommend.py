@@ -1,11 +1,8 @@
 """The recommendation at the top of the results page: which loss to use where, from paired evidence.
 
-The claims file names the settings (`recommend`, vespo.lab.claims.Setting). At each value of `over` (or
-those `at` lists; once without `over`) the candidates (values of `among`) with usable runs on at least
-MIN_SEEDS seeds are grouped where their runs are identical on every common seed (identical updates: the
-evidence cannot pick among them), and every two groups compared on the seeds they share (paired t-test of
-held-out sampled accuracy, Holm over the setting's pairs). A loss is named only when it is ahead of every
-other; otherwise the line names the losses no other is ahead of, tied, and picks none.
+At each setting of the claims file (`recommend`: vespo.lab.claims.Setting) the candidates with at least
+MIN_SEEDS finished runs are grouped where their runs are identical seed by seed, and every two groups compared
+on their common seeds (paired t-test, Holm over the setting's pairs); page.md says how a line reads.
 """
 
 from __future__ import annotations
@@ -65,14 +62,16 @@ def recommend(settings: list[Setting], sweeps: dict[str, Sweep], runs: pd.DataFr
         mine = runs[runs.sweep == s.sweep]
         for v in [v for v in values[s.over] if s.at is None or v in s.at] if s.over else [None]:
             cells = select(mine, {s.over: v}) if s.over else mine
+            planned = [p.labels[s.among] for p in sweeps[s.sweep].points() if s.over is None or p.labels[s.over] == v]
             if cells.usable.any():
-                picks.append(pick(s.setting, f"{s.over} = {v}" if s.over else "", cells, s.among))
+                picks.append(pick(s.setting, f"{s.over} = {v}" if s.over else "", cells, s.among, planned))
     return picks
 
 
-def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
-    usable = runs[runs.usable][among].value_counts()
-    names = [n for n in dict.fromkeys(runs[among]) if usable.get(n, 0) >= MIN_SEEDS]
+def pick(setting: str, at: str, runs: pd.DataFrame, among: str, planned: list[str] = ()) -> Pick:
+    """The evidence at one setting; ``planned``: the grid's candidates there (those without runs are named)."""
+    usable, everyone = runs[runs.usable][among].value_counts(), dict.fromkeys([*runs[among], *planned])
+    names = [n for n in everyone if usable.get(n, 0) >= MIN_SEEDS]
     cells = {n: runs[runs[among] == n] for n in names}
     groups: list[list[str]] = []
     for n in names:
@@ -90,7 +89,7 @@ def pick(setting: str, at: str, runs: pd.DataFrame, among: str) -> Pick:
     out = Pick(setting, at, int(runs.updates.max()), groups, top, ahead,
                {n: (int(u.collapsed.sum()), len(u)) for n, u in ((n, c[c.usable]) for n, c in cells.items())
                 if u.collapsed.any()}, settling={n: settling(cell)[1] for n, cell in cells.items()},
-               few={n: int(usable.get(n, 0)) for n in dict.fromkeys(runs[among]) if n not in cells})
+               few={n: int(usable.get(n, 0)) for n in everyone if n not in cells})
     if out.leader is not None:
         out.level = mean_ci(by_seed(cells[out.leader], METRIC))
     return out

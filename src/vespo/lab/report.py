@@ -4,15 +4,12 @@
     vespo report runs/staleness --out docs/results/staleness --panel loss --curve N
     vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
 
-A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). report.md
-gives per condition the final held-out accuracy (sampled and greedy) and the training reward over the
-last quarter with their intervals over seeds, the time to a target reward, collapses and diagnostics;
-each condition minus the reference condition, paired by seed; whether the curves settle; with an lr
-axis the collapse rate per lr; then one row per run (vespo.lab.tables). Figures: vespo.lab.figures.
-Beside them runs.json.gz, the sweep's archive (vespo.lab.runs). With --page, every sweep's report goes
-to results/<name>/ beside the page, and the page (the template page.md, filled) gets the recommendation,
-how numbers are judged (coverage, error control, evaluation noise, the collapse rule's simulated and
-measured errors), the claims, the headline figure and each sweep's provenance and tables.
+A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). report.md: per
+condition the finals with their intervals over seeds, time to a target reward, collapses and diagnostics;
+each condition minus the reference, paired by seed; whether the curves settle; the collapse rate per lr;
+every run; the figures (vespo.lab.figures) and the archive beside it. With --page every sweep's report goes
+to results/<name>/ beside the page, which fills the template page.md: the recommendation, how numbers are
+judged, the claims, the headline figure and each sweep's provenance and tables.
 """
 
 from __future__ import annotations
