@@ -68,7 +68,7 @@ def test_a_real_model_sweep_stopped_part_way_is_reported_as_far_as_it_ran(tmp_pa
     head, *rows = cells(conditions)
     runs = {tuple(r[:2]): r[head.index("runs")] for r in rows}
     # every condition of the grid, with how many of its runs finished
-    assert runs == {("1", "vespo"): "4 of 5", ("16", "vespo"): "3 of 5", ("16", "grpo"): "3 of 5 (+1 not finished)",
+    assert runs == {("1", "vespo"): "4 of 5", ("16", "vespo"): "3 of 5", ("16", "grpo"): "3 of 5 (1 not finished)",
                     ("16", "dppo_tv"): "0 of 5"}
     assert next(r for r in rows if r[1] == "dppo_tv")[head.index("held-out sampled")] == "–"
     # grpo - vespo at N = 16 on the seeds both finished (0 and 1), not over the seeds each has

@@ -121,7 +121,7 @@ def test_a_run_that_failed_otherwise_is_left_out_and_counted(synthetic):
     sweeps, runs = read_lab([sw.dir])
     assert by_seed(runs, "eval_sampled").to_dict() == {"0": 0.6}
     row = cells(report.condition_table(sweeps["t"], runs))[1]
-    assert row[1] == "1 (+1 not finished)" and row[2] == "0.600"
+    assert row[1] == "1 of 2 (1 not finished)" and row[2] == "0.600"
 
 
 def test_report_main_writes_markdown_and_figures(synthetic, tmp_path):

@@ -147,7 +147,7 @@ def _agg(values: pd.Series, how: str) -> float:
 
 
 def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
-    """Per condition of the grid; "3 of 5 (+1 not finished)": usable runs of the grid's, and the runs still going."""
+    """Per condition of the grid; runs "3 of 5 (1 not finished)": usable runs of the grid's, and those not done."""
     planned, rows = Counter(tuple(p.labels[a] for a in sweep.conditions) for p in sweep.points()), []
     for key, cell in conditions(sweep, runs, grid=True):
         u = cell[cell.usable]
@@ -155,7 +155,7 @@ def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
         lo, hi = _agg(u.log_w_min, "min"), _agg(u.log_w_max, "max")
         rows.append({**dict(zip(sweep.conditions, key)),
                      "runs": f"{len(u)}" + (f" of {planned[key]}" if len(u) < planned[key] else "")
-                     + (f" (+{len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
+                     + (f" ({len(cell) - len(u)} not finished)" if len(cell) > len(u) else ""),
                      **{name: ci_text(mean_ci(by_seed(cell, m))) for m, name in FINALS.items()},
                      **{f"{what} to {TARGET_REWARD:g}": reached_text(cell, f"{what}_to_target")
                         for what in ("updates", "seconds")},
