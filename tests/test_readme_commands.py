@@ -217,6 +217,9 @@ def shortened(tokens: list[str], ws: Path) -> list[str]:
     sub = tokens[1]
     if sub == "train" and "--help-config" not in tokens:
         extra = [*TRAIN_SHORT, f"warmstart.cache_dir={ws / 'cache'}", f"run.steps={2 if '--resume' in tokens else 1}"]
+        if "smollm2" in " ".join(tokens):  # the real model: one mini-batch of 1 prompt x 2 short answers
+            extra += ["staleness.minibatch_prompts=1", "rollout.group_size=2", "rollout.max_new_tokens=8",
+                      "run.eval_every_updates=0"]
     elif sub == "sweep" and "--dry-run" not in tokens:
         tokens, extra = sweep_shortening(tokens, ws)
     else:
@@ -257,7 +260,9 @@ def fresh_run_dir(tokens: list[str], ws: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
 
 
-SLOW = re.compile(r"^vespo (sweep|report) |--mode async|--data ")  # a sweep, its report, Ray, a dataset's eval
+SLOW = re.compile(r"^vespo (sweep|report) |--mode async|--data |smollm2|offline:|rg:")
+# a sweep, its report, Ray, a dataset's eval; the real pretrained model (tests/trainer/test_real_model.py
+# trains it by default)
 
 
 def is_slow(command: Command) -> bool:
