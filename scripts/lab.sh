@@ -30,12 +30,15 @@ for sweep in "${SWEEPS[@]}"; do
 done
 echo "== $(date -u +%FT%TZ) results page"
 dirs=()
-# the optional *_peers sweeps (docs/lab.md) join the page when they have run here or have an archive
+# the optional *_peers and real-model sweeps (docs/lab.md) join the page when they have run here or have an archive
 for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense \
-    staleness_peers async_peers mismatch_peers; do
-  # the run directories when this machine has them, else the archive an earlier session committed
+    staleness_peers async_peers mismatch_peers real_staleness; do
+  # the run directories when this machine has them, else the archive an earlier session committed; the
+  # real-model sweep (hours per run) also part-way, from its in-progress archive
   if [ -f "$OUT/$sweep/sweep.json" ]; then dirs+=("$OUT/$sweep")
   elif [ -f "docs/results/$sweep/runs.json.gz" ]; then dirs+=("docs/results/$sweep/runs.json.gz")
+  elif [ "$sweep" = real_staleness ] && [ -f "docs/results/in_progress/$sweep/runs.json.gz" ]; then
+    dirs+=("docs/results/in_progress/$sweep/runs.json.gz")
   fi
 done
 vespo report "${dirs[@]}" --claims configs/lab/claims.yaml --page docs/results.md || status=1

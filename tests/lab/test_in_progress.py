@@ -25,12 +25,12 @@ FINALS = {("0", "1", "vespo"): 0.40, ("1", "1", "vespo"): 0.44, ("2", "1", "vesp
           ("0", "16", "grpo"): 0.38, ("1", "16", "grpo"): 0.41, ("3", "16", "grpo"): 0.50, ("2", "16", "grpo"): None}
 
 
-def _in_progress(root: Path) -> Path:
+def _in_progress(root: Path, finals: dict = FINALS) -> Path:
     """The sweep directory `vespo sweep` leaves when stopped part-way, with real resolved configs."""
     sweep, out = load_sweep(SWEEP), root / "real_staleness"
     write_record(sweep, out)
     for point in sweep.points():
-        final = FINALS.get(key := (point.labels["seed"], point.labels["N"], point.labels["loss"]), "absent")
+        final = finals.get(key := (point.labels["seed"], point.labels["N"], point.labels["loss"]), "absent")
         if final == "absent":
             continue
         run = out / point.name
@@ -84,3 +84,13 @@ def test_a_real_model_sweep_stopped_part_way_is_reported_as_far_as_it_ran(tmp_pa
     assert lines[1].startswith("- N = 16, held-out sampled accuracy after 32 updates: the evidence picks none")
     assert "use **" not in lines[1] and lines[1].endswith("too few finished runs to compare: DPPO-TV (0)")
     assert re.search(r"\| `real_staleness` +\| [^|]+ \| 10 / 20 ", text)  # finished / in the grid
+
+
+def test_a_sweep_whose_first_runs_are_still_running_draws_its_report(tmp_path):
+    """The first session's state: two runs started, none finished. The report and its figures are written
+    (the headline's log-N axes once failed with nothing to draw), every condition reading 0 of 5."""
+    out = _in_progress(tmp_path, {("0", "1", "vespo"): None, ("0", "16", "vespo"): None})
+    sweeps, runs = read_lab([out])
+    report.write_sweep(sweeps["real_staleness"], runs, tmp_path / "report", draw=True)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "0 of 5 (1 not finished)" in text and (tmp_path / "report" / "headline.png").stat().st_size > 0

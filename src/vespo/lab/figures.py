@@ -138,6 +138,7 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
         bottom.set_title(f"each loss minus {display_name(ref)}, paired by seed ({LEVEL} interval)", fontsize=9)
         bottom.set_ylabel(f"Δ {metric}")
     for ax in (top, bottom):
+        ax.set_xlim(min(float(n) for n in ns) / 1.5, max(float(n) for n in ns) * 1.5)  # also with nothing drawn
         ax.set_xscale("log", base=2)
         ax.set_xticks([float(n) for n in ns], ns)
         ax.grid(alpha=0.3)
