@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from vespo.metrics import count_key, reduce_metrics
+from vespo.metrics import Reduction, reduce_metrics, reduction
 
 
 def test_reduction_by_name_by_hand():
@@ -37,10 +37,15 @@ def test_tensors_reduce_without_changing_kind_and_missing_keys_use_the_pieces_th
     assert out["reward/mean"] == 0.5
 
 
-def test_count_keys():
-    assert count_key("vespo/phi_neg_min") == "vespo/n_neg" and count_key("vespo/eq_w_pos") == "vespo/n_pos"
-    assert count_key("is/ess") == "is/n_seq" and count_key("vespo/log_w_p90") == "is/n_seq"
-    assert count_key("is/n_seq") is None and count_key("loss/total") is None and count_key("vespo/n_pos") is None
+def test_each_name_declares_its_reduction():
+    cases = {"is/log_w_max": Reduction("max", "is/n_seq"), "vespo/phi_neg_min": Reduction("min", "vespo/n_neg"),
+             "vespo/eq_w_pos": Reduction("mean", "vespo/n_pos"), "is/ess": Reduction("mean", "is/n_seq"),
+             "vespo/log_w_p90": Reduction("mean", "is/n_seq"), "vespo/w_ess": Reduction("mean", "is/n_seq"),
+             "is/n_seq": Reduction("sum", None), "vespo/n_pos": Reduction("sum", None),
+             "rollout/n_tokens": Reduction("sum", None), "perf/update_s_sum": Reduction("sum", None),
+             "vespo/phi_pos_sum": Reduction("sum", "vespo/n_pos"), "optim/grad_norm_max": Reduction("max", None),
+             "loss/total": Reduction("mean", None), "kl/k3": Reduction("mean", None)}
+    assert {name: reduction(name) for name in cases} == cases
 
 
 def test_behavior_rows_select_padding_out():

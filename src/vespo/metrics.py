@@ -1,23 +1,31 @@
-"""Masked statistics, engine-mismatch diagnostics, and metric sinks (jsonl, TensorBoard, W&B).
+"""Masked statistics, the step's rollout and engine-mismatch rows, and the one rule by which every metric
+is reduced.
 
 Metrics are namespaced (`reward/`, `rollout/`, `mismatch/`, `loss/`, `is/`, `kl/`, `optim/`,
-`perf/`, `staleness/`) and reduced once per step: the trainer collects tensors, calls
-:func:`to_floats` once, and hands one flat dict to every sink.
+`perf/`, `staleness/`). How a metric is reduced, from the rows it is made of to a rollout step's row:
 
-A metric's name says how it combines across micro-batches and mini-batches (:func:`reduce_metrics`,
-by ``vespo.losses.diagnostics.metric_reduction``): a name ending in ``_max`` is reduced by max,
-``_min`` by min, ``_sum`` by sum, a last path segment starting with ``n_`` (``is/n_seq``,
-``rollout/n_tokens``) by sum, and anything else by mean. So a max stays a max and a count stays a
-count however many pieces a step was made of.
+    rows       per-sequence statistics [B] (float64), e.g. a row's log W, its clipped tokens
+    micro-batches, ranks   rows concatenate (``concat_rows``) and are gathered over ranks
+               (``Dist.gather_rows``) before any metric is formed, so a ratio, an ESS or a quantile is
+               the whole mini-batch's: ``summarize`` (the loss's rows, vespo.losses.diagnostics, where
+               ``TOKEN_FRACTIONS`` / ``TOKEN_MEANS`` say which rows become token fractions and means),
+               ``summarize_rollout`` and ``summarize_behavior`` (this module)
+    updates    a step's N updates combine metric by metric by :func:`reduction`, declared by the
+               metric's name: ``_max`` max, ``_min`` min, ``_sum`` and a count ``n_*`` sum, else mean;
+               a statistic of a selection (``is/*``, ``*/log_w_*``, ``vespo/*_pos|_neg``) is weighted
+               by that selection's count and skipped where it is empty (:func:`reduce_metrics`)
+
+The trainer collects tensors, calls :func:`to_floats` once per update, and hands one flat dict per
+step to the run log's sinks (vespo.trainer.runlog); :func:`read_jsonl` reads metrics.jsonl back.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,30 +115,44 @@ def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def count_key(name: str) -> str | None:
-    """The count a statistic was taken over: the sequences (``is/n_seq``) or the sequences of one sign
-    of A (``vespo/n_pos``, ``vespo/n_neg``); None for a metric that is not a per-selection statistic.
+@dataclass(frozen=True)
+class Reduction:
+    """How a metric combines over the updates of a rollout step."""
 
-    A loss reports 0 for a statistic over an empty selection (a micro-batch with no A < 0 row), so
-    pieces whose count is 0 must not enter a min, max or mean, and means are weighted by the count.
+    rule: str  # max | min | sum | mean
+    count: str | None  # the count metric a statistic was taken over: pieces where it is 0 are skipped, means weighted
+
+
+def reduction(name: str) -> Reduction:
+    """A metric's reduction, declared by its name: the one rule, which every metric name follows.
+
+    rule: a name ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` or a last segment starting with ``n_``
+    (a count: ``is/n_seq``, ``rollout/n_tokens``) -> sum, anything else -> mean.
+    count: a statistic over the sequences (``is/*``, ``*/log_w_*``, ``*/w_ess``: ``is/n_seq``) or over the
+    sequences of one sign of A (``vespo/*_pos*``, ``vespo/*_neg*``: ``vespo/n_pos``, ``vespo/n_neg``).
+    A loss reports 0 for a statistic of an empty selection (a micro-batch with no A < 0 row), so a piece
+    whose count is 0 enters no min, max or mean, and means are weighted by the count.
     """
     head, _, last = name.rpartition("/")
-    if last.startswith("n_"):
-        return None
-    if head == "vespo" and ("_pos" in last or "_neg" in last):
-        return "vespo/n_pos" if "_pos" in last else "vespo/n_neg"
-    if head == "is" or last.startswith("log_w_") or last == "w_ess":
-        return "is/n_seq"
-    return None
+    if name.endswith(("_max", "_min")):
+        rule = name[-3:]
+    else:
+        rule = "sum" if name.endswith("_sum") or last.startswith("n_") else "mean"
+    count = None  # a count itself is not weighted
+    if head == "vespo" and ("_pos" in last or "_neg" in last) and not last.startswith("n_"):
+        count = "vespo/n_pos" if "_pos" in last else "vespo/n_neg"
+    elif (head == "is" or last.startswith("log_w_") or last == "w_ess") and not last.startswith("n_"):
+        count = "is/n_seq"
+    return Reduction(rule, count)
 
 
 def reduce_metrics(dicts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Key-wise reduction of several metric dicts by each name's rule (``metric_reduction``: _max by
-    max, _min by min, _sum and n_* by sum, else mean), once per step over all its pieces.
+    """Key-wise reduction of several metric dicts by each name's :func:`reduction`, once per step over all
+    its pieces.
 
     Values may be floats or 0-dim tensors (reduced without a host sync). A key missing from some
-    dicts is reduced over the dicts that have it; a statistic with a count (:func:`count_key`) over
-    the pieces where that count is positive, its mean weighted by the count.
+    dicts is reduced over the dicts that have it; a statistic with a count over the pieces where that
+    count is positive, its mean weighted by the count.
     """
     keys: dict[str, None] = {}
     for d in dicts:
@@ -139,11 +161,9 @@ def reduce_metrics(dicts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _reduce(key: str, dicts: list[dict[str, Any]]) -> Any:
-    from vespo.losses.diagnostics import metric_reduction
-
     if len(dicts) == 1:
         return dicts[0][key]
-    rule, counter = metric_reduction(key), count_key(key)
+    rule, counter = reduction(key).rule, reduction(key).count
     as64 = lambda x: torch.as_tensor(x, dtype=torch.float64).detach().reshape(())  # noqa: E731
     values = [as64(d[key]) for d in dicts]  # P 0-dim values
     weights = [as64(d.get(counter, 1.0)) for d in dicts] if counter else [as64(1.0)] * len(dicts)
@@ -161,87 +181,6 @@ def _reduce(key: str, dicts: list[dict[str, Any]]) -> Any:
     if any(isinstance(d[key], Tensor) for d in dicts):
         return out.float()
     return float(out)
-
-
-# ---------------------------------------------------------------- sinks
-
-
-class MetricSink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class JsonlSink:
-    """One JSON object per line: {"step": k, ...metrics}. Non-finite values are written as null."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", buffering=1)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None)
-                                for k, v in metrics.items()}}
-        self._f.write(json.dumps(row) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
-
-
-class TensorBoardSink:
-    def __init__(self, log_dir: str | Path):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._w = SummaryWriter(str(log_dir))
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)):
-                self._w.add_scalar(k, v, step)
-        self._w.flush()
-
-    def log_samples(self, step: int, rows: list[dict]) -> None:
-        """Samples as a markdown table under the "samples" text tag."""
-        if not rows:
-            return
-        keys = list(rows[0])
-        lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
-        self._w.add_text("samples", "\n".join(lines), step)
-        self._w.flush()
-
-    def close(self) -> None:
-        self._w.close()
-
-
-def _cell(value: Any) -> str:
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-class WandbSink:
-    def __init__(self, run_dir: str | Path, config: dict, name: str | None = None):
-        try:
-            import wandb
-        except ImportError as e:
-            raise RuntimeError("run.loggers includes 'wandb' but wandb is not installed (pip install wandb)") from e
-        self._run = wandb.init(dir=str(run_dir), config=config, name=name, reinit=True)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log(metrics, step=step)
-
-    def log_samples(self, step: int, rows: list[dict]) -> None:
-        import wandb
-
-        if rows:
-            keys = list(rows[0])
-            self._run.log({"samples": wandb.Table(columns=keys, data=[[r[k] for k in keys] for r in rows])}, step=step)
-
-    def close(self) -> None:
-        self._run.finish()
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

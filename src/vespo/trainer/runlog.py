@@ -1,4 +1,5 @@
-"""A run directory's record: metric sinks, resume-safe metrics.jsonl, progress bar, summary.
+"""A run directory's record: the metric sinks (jsonl, TensorBoard, W&B), resume-safe metrics.jsonl, progress
+bar, summary.
 
     RUN_DIR/config.yaml         the resolved config
     RUN_DIR/metrics.jsonl       one row per rollout step ("step" = rollout steps done)
@@ -11,8 +12,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import signal
 from pathlib import Path
+from typing import Any, Protocol
 
 import yaml
 from rich.console import Console
@@ -20,9 +24,88 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vespo.config import Config, to_dict
 from vespo.errors import RunDirError
-from vespo.metrics import JsonlSink, MetricSink, TensorBoardSink, WandbSink
 
 console = Console(stderr=True)
+
+
+class MetricSink(Protocol):
+    """Where a step's metrics go (jsonl, TensorBoard, W&B); a sink that shows text may also have log_samples."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per line: {"step": k, ...metrics}. Non-finite values are written as null."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None)
+                                for k, v in metrics.items()}}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: str | Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._w = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)):
+                self._w.add_scalar(k, v, step)
+        self._w.flush()
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Samples as a markdown table under the "samples" text tag."""
+        if not rows:
+            return
+        keys = list(rows[0])
+        lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
+        self._w.add_text("samples", "\n".join(lines), step)
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def _cell(value: Any) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+class WandbSink:
+    def __init__(self, run_dir: str | Path, config: dict, name: str | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise RuntimeError("run.loggers includes 'wandb' but wandb is not installed (pip install wandb)") from e
+        self._run = wandb.init(dir=str(run_dir), config=config, name=name, reinit=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        import wandb
+
+        if rows:
+            keys = list(rows[0])
+            self._run.log({"samples": wandb.Table(columns=keys, data=[[r[k] for k in keys] for r in rows])}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
 
 
 class RunLog:
