@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vespo.config import load_config, to_dict
 from vespo.models import build_char_tokenizer, tiny_model
 from vespo.trainer import train
-from vespo.trainer.checkpoint import (latest_checkpoint, load_trained_policy, policy_from_checkpoint, policy_weights,
-                                     save_run_policy)
+from vespo.trainer.checkpoint import latest_checkpoint
+from vespo.trainer.policy_dir import load_trained_policy, policy_from_checkpoint, policy_weights, save_run_policy
 
 PROMPTS = ["3+4=", "9+0=", "1+8="]
 

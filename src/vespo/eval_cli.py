@@ -6,7 +6,7 @@
 
 `--model` takes a run directory (its `policy/`, else its latest checkpoint), a checkpoint
 directory (`RUN_DIR/checkpoints/step-NNNNNN`, its weights in the run's architecture) or any
-Hugging Face model directory (see `vespo.trainer.checkpoint.load_trained_policy`).
+Hugging Face model directory (see `vespo.trainer.policy_dir.load_trained_policy`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def build_scorer(args: argparse.Namespace, task: Any) -> RewardScorer:
 def hf_generate_fn(model_dir: str, args: argparse.Namespace, max_new_tokens: int) -> tuple[GenerateFn, Any]:
     """(generate_fn over a saved policy with the HF rollout engine, its tokenizer)."""
     from vespo.rollout import HFEngine, SamplingParams, TextGenerator
-    from vespo.trainer.checkpoint import load_trained_policy
+    from vespo.trainer.policy_dir import load_trained_policy
 
     model, tokenizer, loaded = load_trained_policy(model_dir, dtype=args.dtype)
     print(f"policy: {loaded}", file=sys.stderr)

@@ -16,7 +16,7 @@ incorrect here, and is counted in the report's `num_errors` column.
 
 `--model` takes a run directory (its `policy/`, else its latest checkpoint), a checkpoint
 directory (`RUN_DIR/checkpoints/step-NNNNNN`, its weights in the run's architecture) or any
-Hugging Face model directory (see `vespo.trainer.checkpoint.load_trained_policy`).
+Hugging Face model directory (see `vespo.trainer.policy_dir.load_trained_policy`).
 """
 
 from __future__ import annotations

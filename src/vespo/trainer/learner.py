@@ -338,7 +338,7 @@ class Learner:
     def save_policy(self, run_dir: str | Path, tokenizer, config: dict) -> Path | None:
         """RUN_DIR/policy/: the policy as a Hugging Face directory (model + tokenizer, save_pretrained), written
         by rank 0 from the gathered full weights."""
-        from vespo.trainer.checkpoint import save_run_policy
+        from vespo.trainer.policy_dir import save_run_policy
 
         weights = self.weights() if self.dist.active else None  # a collective: every rank takes part
         path = None

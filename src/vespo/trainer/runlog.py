@@ -7,6 +7,7 @@ bar, summary.
     RUN_DIR/tb/                 TensorBoard events
     RUN_DIR/summary.json        reward before and after, collapse flags, timings
     RUN_DIR/checkpoints/        see vespo.trainer.checkpoint
+    RUN_DIR/policy/             see vespo.trainer.policy_dir
 """
 
 from __future__ import annotations
