@@ -47,7 +47,7 @@ def run_case(method: str, vocab: int, tokens: int, chunk_size: int, entropy: boo
     """Forward + backward of a bare LM head, `repeats` times; best time and peak memory."""
     import torch
 
-    from vespo.models.logprobs import _chunked, chunk_shape
+    from vespo.models.chunked import chunk_shape, chunked_logprobs
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, HIDDEN, generator=g).requires_grad_()  # [T, H]
@@ -65,7 +65,7 @@ def run_case(method: str, vocab: int, tokens: int, chunk_size: int, entropy: boo
             logp = logsm.gather(-1, targets[:, None]).squeeze(-1)  # [T]
             del logsm
         else:
-            logp, _ = _chunked(hidden, weight, None, targets, 1.0, chunk_size or None, with_entropy=entropy)  # [T]
+            logp, _ = chunked_logprobs(hidden, weight, None, targets, 1.0, chunk_size or None, entropy)  # [T]
         logp.sum().backward()
         times.append(time.perf_counter() - start)
         del logp

@@ -12,8 +12,8 @@ from vespo.models import (
     response_logprobs,
     tiny_model,
 )
-from vespo.models import logprobs as logprobs_module
-from vespo.models.logprobs import _chunked, chunk_shape
+from vespo.models import chunked as chunked_module
+from vespo.models.chunked import chunk_shape
 
 
 def test_hand_worked_two_token_vocab():
@@ -93,7 +93,7 @@ def test_chunk_shape_caps_the_block_at_chunk_elements():
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bias):
     for name in ("CHUNK_ELEMENTS", "CPU_CHUNK_ELEMENTS"):  # the GPU cap and the CPU one
-        monkeypatch.setattr(logprobs_module, name, chunk_elements)
+        monkeypatch.setattr(chunked_module, name, chunk_elements)
     g = torch.Generator().manual_seed(chunk_elements)
     N, H, V, temp = 23, 16, 50, 0.7
     h = torch.randn(N, H, generator=g, requires_grad=True)
@@ -109,7 +109,7 @@ def test_vocab_blocks_match_float64_oracle(monkeypatch, chunk_elements, with_bia
 def test_large_logits_entropy_and_block_maxima_in_later_blocks(monkeypatch):
     # logits of size ~40 with the largest in the last vocab block: the running max must be rescaled
     for name in ("CHUNK_ELEMENTS", "CPU_CHUNK_ELEMENTS"):  # the GPU cap and the CPU one
-        monkeypatch.setattr(logprobs_module, name, 4 * 10)  # 4 tokens per chunk -> 10 entries per block
+        monkeypatch.setattr(chunked_module, name, 4 * 10)  # 4 tokens per chunk -> 10 entries per block
     g = torch.Generator().manual_seed(3)
     h = torch.randn(9, 8, generator=g)
     w = torch.randn(35, 8, generator=g) * 4
@@ -130,7 +130,7 @@ def test_without_entropy_same_logp_and_grads():
     grads = []
     for with_entropy in (True, False):
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        logp, ent = _chunked(hh, ww, None, targets, 0.9, 4, with_entropy=with_entropy)
+        logp, ent = chunked_logprobs(hh, ww, None, targets, 0.9, 4, with_entropy=with_entropy)
         assert (ent is None) == (not with_entropy)
         logp.sum().backward()
         grads.append((logp.detach(), hh.grad, ww.grad))

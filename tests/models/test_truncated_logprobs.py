@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vespo.models import build_char_tokenizer, response_logprobs, tiny_model
-from vespo.models.logprobs import outside_support, truncated_logprobs
+from vespo.models.truncation import outside_support, truncated_logprobs
 from vespo.rollout import HFEngine, SamplingParams
 
 

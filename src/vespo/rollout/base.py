@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from vespo.models.logprobs import outside_support
+from vespo.models.truncation import outside_support
 from vespo.types import Rollout
 
 
@@ -40,7 +40,7 @@ class SamplingParams:
 
 def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
     """Log-probs [B, V] (float32, or float64 for float64 logits) of the distribution sampled from;
-    -inf outside top-k / top-p (the rule of ``vespo.models.logprobs.outside_support``)."""
+    -inf outside top-k / top-p (the rule of ``vespo.models.truncation.outside_support``)."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature  # [B, V]
     if params.top_k > 0 or params.top_p < 1.0:
         z = z.masked_fill(outside_support(z, params.top_k, params.top_p), float("-inf"))
