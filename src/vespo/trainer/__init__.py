@@ -6,11 +6,15 @@
 
     run.py          build a run's parts from its config (policy, data, reward, sampling, engines)
     loop.py         the training loop: resume, evaluate, update/log/checkpoint, policy directory, summary
-    sources.py      the sample-source protocol and the local source (sync mode)
+    protocols.py    the seams: TrainItem, UpdateResult, the SampleSource and Learner protocols
+    sources.py      the local source (sync mode)
     ray_source.py   the Ray source (async mode); workers.py its rollout actors
     learner.py      μ, one optimizer step per mini-batch, the non-finite guard; remote.py as a Ray actor
     producer.py     prompts -> engine samples -> rewards -> group advantages -> TrainBatch
-    checkpoint.py runlog.py warmstart.py cli.py
+    checkpoint.py   the training state (atomic, resharding); safe_load.py its safe readers;
+                    policy_dir.py RUN_DIR/policy and what `vespo eval --model` opens
+    runlog.py       the run directory's record: metric sinks, metrics.jsonl, summary
+    distributed.py warmstart.py cli.py
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@
              owner of μ: the loop hands it each batch of items (``prepare``) before training them
 
 A *rollout step* is N = staleness.n updates: one metrics row, the unit of run.steps, checkpoints,
-evaluation and sample logs. Checkpoints fall between rollout steps (a sync source has sampled
-nothing untrained there); resuming one continues bit for bit in sync mode. A step's row holds the
+evaluation and sample logs. Scheduled checkpoints fall between rollout steps; resuming one continues
+bit for bit in sync mode. A run stopped by an error or an abort checkpoints where its source can
+describe it (``SampleSource.checkpointable()``): the local source between rollout steps only, the Ray
+source after any update (by its tickets), so a failed async run's checkpoint may fall inside a step. A step's row holds the
 rollout and engine-mismatch statistics of all its samples (formed from their rows), the loss
-diagnostics of each update combined by name (vespo.metrics.reduce_metrics), and the lag histogram
+diagnostics of each update combined by name (vespo.metrics.reduction), and the lag histogram
 of every row trained in it.
 
     from vespo.config import load_config
