@@ -84,8 +84,8 @@ class TaskConfig(Section):
 class RolloutConfig(Section):
     prompts_per_step: int = Field(32, ge=1)
     """prompts per rollout batch (the paper's gbs)"""
-    group_size: int = Field(8, ge=1)
-    """responses sampled per prompt (G)"""
+    group_size: int = Field(8, ge=2)
+    """responses sampled per prompt (G; the advantage's baseline is the group's)"""
     temperature: Float = Field(1.0, gt=0.0)
     """sampling temperature (also used for the trainer's log-probs)"""
     top_p: Float = Field(1.0, gt=0.0, le=1.0)
@@ -154,11 +154,9 @@ class LossConfig(Section):
             raise ConfigError(f"loss.options must be a mapping, got {self.options!r}")
         try:
             built = cls(**self.options)
-        except TypeError as e:
-            names = getattr(cls, "model_fields", None) or cls.__dataclass_fields__
-            raise ConfigError(f"loss.options for {self.name!r}: {e}; valid options: {sorted(names)}") from None
-        except ValueError as e:
-            raise ConfigError(f"loss.options for {self.name!r}: {e}") from None
+        except (TypeError, ValueError) as e:  # TypeError: an option the loss does not have
+            valid = f"; valid options: {sorted(cls.__dataclass_fields__)}" if isinstance(e, TypeError) else ""
+            raise ConfigError(f"loss.options for {self.name!r}: {e}{valid}") from None
         self._given = self.options
         self.__dict__["options"] = built  # validation builds the frozen section's one derived value
         return self
@@ -454,13 +452,7 @@ def check_rules(cfg: Config) -> None:
     if not s.minibatch_prompts and r.prompts_per_step % s.n:
         raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
                           "(each mini-batch holds whole groups)")
-    if r.group_size < 2 and cfg.advantage.estimator in ("grpo", "rloo", "mean"):
-        raise ConfigError(f"rollout.group_size must be >= 2 for a group baseline, got {r.group_size}")
-    if cfg.optim.micro_batch_size:
-        per_mb = cfg.prompts_per_minibatch * r.group_size
-        if per_mb % cfg.optim.micro_batch_size:
-            raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the mini-batch "
-                              f"of {per_mb} sequences")
+    check_world(cfg)
     refusal = cfg.loss.options.bypass_refusal() if cfg.behavior == "rollout" else None  # mu = the engine's
     if refusal:
         raise ConfigError(f"loss.options for {cfg.loss.name!r}: {refusal}")
@@ -506,11 +498,9 @@ def check_launch(cfg: Config, ranks: int) -> None:
     check_world(cfg, ranks)
 
 
-def check_world(cfg: Config, ranks: int) -> None:
-    """The batch splits evenly over ``ranks`` learner processes (``vespo train --nproc``): each rank takes
+def check_world(cfg: Config, ranks: int = 1) -> None:
+    """The batch splits evenly over ``ranks`` learner processes (1, or ``vespo train --nproc``): each rank takes
     whole prompt groups of every mini-batch, in whole micro-batches."""
-    if ranks <= 1:
-        return
     per_mb = cfg.prompts_per_minibatch
     if per_mb % ranks:
         raise ConfigError(f"{ranks} processes must divide the {per_mb} prompts of a mini-batch "
@@ -518,9 +508,10 @@ def check_world(cfg: Config, ranks: int) -> None:
                           "each rank trains whole prompt groups of every mini-batch")
     local = per_mb // ranks * cfg.rollout.group_size
     if cfg.optim.micro_batch_size and local % cfg.optim.micro_batch_size:
+        each = f"each of the {ranks} processes trains " if ranks > 1 else ""
         raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the {local} sequences "
-                          f"each of the {ranks} processes trains per mini-batch")
-    if cfg.advantage.skip_zero_variance:
+                          f"{each}per mini-batch")
+    if ranks > 1 and cfg.advantage.skip_zero_variance:
         raise ConfigError(f"advantage.skip_zero_variance drops rows, so {ranks} processes would train unequal "
                           "shares of a mini-batch; turn it off to shard the learner")
 
