@@ -394,34 +394,23 @@ def _message(error: dict) -> str:
     name = ".".join(str(part) for part in loc)
     if kind in ("value_error", "assertion_error"):
         return str(error["ctx"]["error"])
-    if kind == "extra_forbidden":
-        section = ".".join(str(p) for p in loc[:-1])
-        return f"unknown field {name!r}: {section or 'the config'} has {sorted(_fields(_annotation(loc[:-1])))}"
+    section = _fields(Config)[loc[0]].annotation if len(loc) > 1 else Config  # sections are one level deep
+    if kind == "extra_forbidden":  # (loss.options checks its own keys)
+        return f"unknown field {name!r}: {loc[0] if len(loc) > 1 else 'the config'} has {sorted(_fields(section))}"
     if kind == "model_type":
         return f"{name} must be a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...), " \
                f"got {value!r}"
     bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
     if kind in bounds:
-        bound = next(iter(error["ctx"].values()))
-        return f"{name} must be {bounds[kind]} {bound}, got {value!r}"
+        return f"{name} must be {bounds[kind]} {next(iter(error['ctx'].values()))}, got {value!r}"
     if kind == "literal_error":
-        return f"{name} must be one of {_choices(_annotation(loc))}, got {value!r}"
-    expected = {"float": "float", "int": "int", "bool": "bool", "string": "str", "dict": "dict", "list": "list"}
-    return f"{name} must be {expected.get(kind.split('_')[0], kind)}, got {value!r}"
+        return f"{name} must be one of {_choices(_fields(section)[loc[1]].annotation)}, got {value!r}"
+    return f"{name} must be {kind.split('_')[0]}, got {value!r}"  # int_type, float_parsing, string_type, ...
 
 
 def _fields(model: type[BaseModel]) -> dict[str, Any]:
     """A section's fields by their YAML names (``async`` for ``async_``)."""
     return {f.alias or name: f for name, f in model.model_fields.items()}
-
-
-def _annotation(loc: tuple) -> Any:
-    """The type at a location of the config (list indices skipped)."""
-    node: Any = Config
-    for part in loc:
-        if isinstance(part, str):
-            node = _fields(node)[part].annotation
-    return node
 
 
 def _choices(annotation: Any) -> list:
@@ -541,15 +530,13 @@ def added_at_default(dotted: str, value: Any) -> bool:
     return node == value
 
 
-def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted name, default, help with its allowed values) of every field, for `vespo train --help-config`."""
-    rows = []
-    for name, f in _fields(model).items():
-        if isinstance(f.annotation, type) and issubclass(f.annotation, Section):
-            rows += describe(f.annotation, f"{prefix}{name}.")
-            continue
-        rule = {"choices": _choices(f.annotation)} if _choices(f.annotation) else {}
-        rule |= {k: getattr(m, k) for m in f.metadata for k in ("ge", "gt", "le", "lt") if hasattr(m, k)}
-        help_ = " ".join((f.description or "").split())
-        rows.append((prefix + name, f.get_default(call_default_factory=True), help_ + (f"  {rule}" if rule else "")))
+def describe() -> list[tuple[str, Any, str]]:
+    """(dotted name, default, help and rule) of every field, for `vespo train --help-config`: the rule is the
+    field's pydantic JSON schema (type, enum, minimum, ...)."""
+    schema, rows = Config.model_json_schema(by_alias=True), []
+    for section, ref in schema["properties"].items():
+        for name, f in schema["$defs"][ref["$ref"].split("/")[-1]]["properties"].items():
+            rule = {k: v for k, v in f.items() if k not in ("title", "description", "default")}
+            help_ = " ".join(f.get("description", "").split())
+            rows.append((f"{section}.{name}", f.get("default"), f"{help_}  {rule}"))
     return rows
