@@ -86,15 +86,15 @@ def instrument(parts, timer: StageTimer) -> None:
     import importlib
 
     import vespo.metrics as metrics
-    import vespo.trainer.learner as learner_mod
+    import vespo.models.forward as forward
 
     learner = parts.learner
     timer.wrap(parts.engine, "generate", "rollout: generate")
     timer.wrap(parts.producer, "reward_fn", "rollout: reward")
     timer.wrap(parts.producer, "decode", "rollout: detokenize")
     timer.wrap(parts.producer, "score", "rollout: advantages, batch")
-    timer.wrap(learner, "behavior_logp", "mu recompute")
-    timer.wrap(learner_mod, "response_logprobs", "update: forward", unless_inside="mu recompute")
+    timer.wrap(learner, "behavior_pass", "mu recompute")
+    timer.wrap(forward, "response_logprobs", "update: forward", unless_inside="mu recompute")
     learner.spec = dataclasses.replace(learner.spec, fn=timer.timed(learner.spec.fn, "update: loss"))
     timer.wrap(torch.Tensor, "backward", "update: backward")
     timer.wrap(torch.nn.utils, "clip_grad_norm_", "update: optimizer")

@@ -10,7 +10,8 @@ import torch
 from stepping import rollout_step, sync_loop
 
 from vespo.losses import get_loss
-from vespo.losses.registry import LossSpec, register, loss_names
+from vespo.losses import registry
+from vespo.losses.registry import LossSpec, register
 from vespo.metrics import read_jsonl
 from vespo.trainer import train
 from vespo.trainer.learner import NonFiniteError
@@ -78,12 +79,11 @@ def test_the_engine_gap_has_one_name(make_cfg):
         assert metrics["mismatch/k3"] > 0 and "rollout/k1" not in metrics and "rollout/k3" not in metrics
 
 
-def _nan_loss_spec():
-    name = "test_nan_on_calls_3_4"
-    if name in loss_names():
-        return get_loss(name)
-    base = get_loss("vespo")
-    calls = {"n": 0}
+@pytest.fixture
+def nan_loss():
+    """VESPO's loss made NaN on its 3rd and 4th calls, registered for this test only (other tests in the same
+    process list the registry)."""
+    base, calls = get_loss("vespo"), {"n": 0}
 
     def fn(x, cfg, normalizer=None):
         calls["n"] += 1
@@ -92,11 +92,12 @@ def _nan_loss_spec():
             out.loss = out.loss * float("nan")
         return out
 
-    return register(LossSpec(name, fn, base.config_cls))
+    yield register(LossSpec("test_nan_on_calls_3_4", fn, base.config_cls))
+    registry._REGISTRY.pop("test_nan_on_calls_3_4")
 
 
-def test_nan_loss_is_skipped_logged_and_weights_untouched(make_cfg):
-    spec = _nan_loss_spec()
+def test_nan_loss_is_skipped_logged_and_weights_untouched(make_cfg, nan_loss):
+    spec = nan_loss
     with sync_loop(make_cfg(f"loss.name={spec.name}", "staleness.n=2", "run.max_nonfinite_steps=3")) as loop:
         policy, learner = loop.learner.model, loop.learner
         rollout_step(loop)  # calls 1, 2: fine
