@@ -44,7 +44,9 @@ def test_each_name_declares_its_reduction():
              "is/n_seq": Reduction("sum", None), "vespo/n_pos": Reduction("sum", None),
              "rollout/n_tokens": Reduction("sum", None), "perf/update_s_sum": Reduction("sum", None),
              "vespo/phi_pos_sum": Reduction("sum", "vespo/n_pos"), "optim/grad_norm_max": Reduction("max", None),
-             "loss/total": Reduction("mean", None), "kl/k3": Reduction("mean", None)}
+             "loss/total": Reduction("mean", None), "kl/k3": Reduction("mean", None),
+             "loss/clip_frac_high": Reduction("mean", None), "vespo/lambda_pos": Reduction("mean", "vespo/n_pos"),
+             "vespo/adapted_neg": Reduction("mean", "vespo/n_neg")}
     assert {name: reduction(name) for name in cases} == cases
 
 

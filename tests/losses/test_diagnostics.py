@@ -9,7 +9,6 @@ import torch
 
 from vespo.losses import get_loss, loss_names
 from vespo.losses import concat_rows, summarize
-from vespo.losses.diagnostics import metric_reduction
 
 from .batches import call_loss, make_batch
 
@@ -172,10 +171,3 @@ def test_rows_of_micro_batches_give_the_whole_batch_metrics(name, token_adv):
     assert "is/ess" in keys and "is/log_w_p90" in keys
     for key in keys:
         torch.testing.assert_close(merged[key], full.metrics[key], rtol=1e-12, atol=1e-14, msg=key)
-
-
-def test_metric_reduction_states_the_naming_rule():
-    cases = {"is/log_w_max": "max", "vespo/phi_neg_min": "min", "vespo/phi_pos_sum": "sum", "is/n_seq": "sum",
-             "vespo/n_pos": "sum", "is/ess": "mean", "vespo/eq_w_pos": "mean", "vespo/lambda_pos": "mean",
-             "loss/clip_frac_high": "mean", "vespo/adapted_pos": "mean"}
-    assert {name: metric_reduction(name) for name in cases} == cases

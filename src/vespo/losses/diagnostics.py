@@ -36,7 +36,7 @@ VESPO's kernel adds its rows (``kernel_rows``):
 
 Empty selections (no valid sequence, no A < 0 sequence, ...) report 0 and the count key (n_seq,
 n_pos, n_neg) says how many entries a statistic was taken over, so no metric is NaN.
-Across the updates of a rollout step, metrics combine by their names (:func:`metric_reduction`).
+Across the updates of a rollout step, metrics combine by their names (vespo.metrics.reduction).
 """
 
 from __future__ import annotations
@@ -240,18 +240,3 @@ def self_normalized_mean(log_weights: Tensor, x: Tensor, valid: Tensor) -> Tenso
     lw = torch.where(valid, log_weights, torch.full_like(log_weights, -math.inf))
     p = torch.softmax(lw, dim=-1).nan_to_num(nan=0.0)  # an empty selection gives NaN: 0 instead
     return (p * torch.where(valid, x, x.new_zeros(()))).sum(dim=-1)
-
-
-def metric_reduction(name: str) -> str:
-    """How a metric combines across the updates of a rollout step (and in the sinks): max | min | sum | mean.
-
-    By its name: ending in ``_max`` -> max, ``_min`` -> min, ``_sum`` -> sum, a last path segment
-    starting with ``n_`` (a count, e.g. ``is/n_seq``) -> sum, anything else -> mean.
-    """
-    if name.endswith("_max"):
-        return "max"
-    if name.endswith("_min"):
-        return "min"
-    if name.endswith("_sum") or name.rsplit("/", 1)[-1].startswith("n_"):
-        return "sum"
-    return "mean"
