@@ -34,11 +34,12 @@ dirs=()
 for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense \
     staleness_peers async_peers mismatch_peers real_staleness; do
   # the run directories when this machine has them, else the archive an earlier session committed; the
-  # real-model sweep (hours per run) also part-way, from its in-progress archive
+  # optional sweeps (the real model's runs take hours) also part-way, from their in-progress archives
+  # (an in-progress archive is newer than the copy an earlier page wrote under docs/results/)
   if [ -f "$OUT/$sweep/sweep.json" ]; then dirs+=("$OUT/$sweep")
-  elif [ -f "docs/results/$sweep/runs.json.gz" ]; then dirs+=("docs/results/$sweep/runs.json.gz")
-  elif [ "$sweep" = real_staleness ] && [ -f "docs/results/in_progress/$sweep/runs.json.gz" ]; then
+  elif [[ "$sweep" == *_peers || "$sweep" == real_staleness ]] && [ -f "docs/results/in_progress/$sweep/runs.json.gz" ]; then
     dirs+=("docs/results/in_progress/$sweep/runs.json.gz")
+  elif [ -f "docs/results/$sweep/runs.json.gz" ]; then dirs+=("docs/results/$sweep/runs.json.gz")
   fi
 done
 vespo report "${dirs[@]}" --claims configs/lab/claims.yaml --page docs/results.md || status=1
