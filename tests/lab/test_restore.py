@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vespo.lab import report, sweep
+from vespo.lab import plan, report, sweep
 from vespo.lab.grid import SweepError, load_sweep
 from vespo.lab.runs import ARCHIVE, read_lab
 
@@ -42,13 +42,13 @@ def test_the_archived_runs_come_back_skipped_and_read_as_before(tmp_path, capsys
     assert sweep.main([str(SWEEP), "--out", str(out), "--from-archive", str(archive), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "17 finished runs written back" in printed
-    jobs = sweep.plan(load_sweep(SWEEP), out, only={"seed": {"0", "1"}})
+    jobs = plan.plan(load_sweep(SWEEP), out, only={"seed": {"0", "1"}})
     assert [j.point.name for j in jobs if j.action != "skip"] == [body["runs"][3]["name"]]
     assert jobs[3].action == "start"
     # the archive's sessions come with its runs, once however often it is restored
     sessions = (out / "sessions.jsonl").read_text().splitlines()
     assert len(sessions) == len(body["record"]["sessions"]) > 0
-    assert sweep.restore(archive, load_sweep(SWEEP), out) == 0
+    assert plan.restore(archive, load_sweep(SWEEP), out) == 0
     assert (out / "sessions.jsonl").read_text().splitlines() == sessions
 
     # every statistic and collapse verdict is what the archive itself gives
@@ -63,7 +63,7 @@ def test_the_report_of_a_restored_sweep_writes_the_archive_it_came_from(tmp_path
     archive = _write(_body(), tmp_path / ARCHIVE)
     assert report.main([str(archive), "--out", str(tmp_path / "a")]) == 0  # the archive as a report writes it
     out = tmp_path / "async"
-    assert sweep.restore(archive, load_sweep("configs/lab/async.yaml"), out) == 18
+    assert plan.restore(archive, load_sweep("configs/lab/async.yaml"), out) == 18
     assert report.main([str(out), "--out", str(tmp_path / "b")]) == 0
     assert (tmp_path / "b" / ARCHIVE).read_bytes() == (tmp_path / "a" / ARCHIVE).read_bytes()
     def lines(folder):  # the report less the lines naming where it was read from
@@ -76,13 +76,13 @@ def test_a_local_run_is_not_overwritten(tmp_path):
     out = tmp_path / "async"
     archive = _write(_body(), tmp_path / ARCHIVE)
     name = _body()["runs"][0]["name"]
-    sweep.write_record(load_sweep(SWEEP), out)
+    plan.write_record(load_sweep(SWEEP), out)
     local = load_sweep(SWEEP).points()[0]
     assert local.name == name
     (out / name).mkdir()
     (out / name / "lab.json").write_text(json.dumps({"labels": local.labels, "overrides": local.overrides,
                                                      "status": "running"}))
-    assert sweep.restore(archive, load_sweep(SWEEP), out) == 17
+    assert plan.restore(archive, load_sweep(SWEEP), out) == 17
     assert not (out / name / "metrics.jsonl").exists()
 
 
@@ -98,7 +98,7 @@ def test_an_archive_of_another_condition_is_refused_by_name(tmp_path, capsys, ch
     change(body)
     archive = _write(body, tmp_path / ARCHIVE)
     with pytest.raises(SweepError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        sweep.restore(archive, load_sweep(SWEEP), tmp_path / "async")
+        plan.restore(archive, load_sweep(SWEEP), tmp_path / "async")
     assert sweep.main([str(SWEEP), "--out", str(tmp_path / "async"), "--from-archive", str(archive),
                        "--dry-run"]) == 2
     assert message in capsys.readouterr().err

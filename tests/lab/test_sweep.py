@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vespo.lab import report, sweep
+from vespo.lab import plan, provenance, report, sweep
 from vespo.lab.grid import SweepError, load_sweep
 
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "lab" / "quick.yaml"
@@ -65,7 +65,7 @@ def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     out, argv = quick_sweep
     spec = load_sweep(QUICK)
     spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
-    assert {j.action for j in sweep.plan(spec, out)} == {"skip"}
+    assert {j.action for j in plan.plan(spec, out)} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
     assert sweep.main(argv) == 0
     assert "4 skip" in capsys.readouterr().out
@@ -104,7 +104,7 @@ def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
     other = tmp_path / "quick.yaml"
     other.write_text(yaml.safe_dump(changed))
     with pytest.raises(SweepError, match="base.yaml differs"):
-        sweep.plan(load_sweep(other), out)
+        plan.plan(load_sweep(other), out)
 
 
 def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path, capsys):
@@ -138,8 +138,8 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     assert sweep.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
     lab = json.loads((out / "seed=0" / "lab.json").read_text())
     assert lab["status"] == "failed" and lab["returncode"] != 0
-    assert [j.action for j in sweep.plan(load_sweep(path), out)] == ["failed"]
-    assert [j.action for j in sweep.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
+    assert [j.action for j in plan.plan(load_sweep(path), out)] == ["failed"]
+    assert [j.action for j in plan.plan(load_sweep(path), out, retry_failed=True)] == ["start"]
     (s,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert s["failed"] == 1
 
@@ -157,7 +157,7 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
 
     from vespo.lab.report import wall_text
 
-    code = ("import sys, time; from pathlib import Path; from vespo.lab.sweep import session\n"
+    code = ("import sys, time; from pathlib import Path; from vespo.lab.provenance import session\n"
             "with session(Path(sys.argv[1]), 'vespo sweep killed', 1, beat_s=0.05):\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
     path = tmp_path / "sessions.jsonl"
@@ -166,7 +166,7 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    with sweep.session(tmp_path, "vespo sweep resumed", 1):
+    with provenance.session(tmp_path, "vespo sweep resumed", 1):
         pass
     killed, resumed = [json.loads(line) for line in path.read_text().splitlines()]
     assert killed["command"] == "vespo sweep killed" and killed["end"] is None and killed["interrupted"] is None
@@ -191,7 +191,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     def planned():
         loaded = load_sweep(path)
         loaded.overrides += argv[5:]
-        return sweep.plan(loaded, out)
+        return plan.plan(loaded, out)
 
     (job,) = planned()
     assert job.action == "start"

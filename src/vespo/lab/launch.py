@@ -1,0 +1,103 @@
+"""Running a sweep's jobs, each its own `vespo train` process, here or as Ray tasks; each run's lab.json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from vespo.lab.plan import Job, run_overrides
+
+RUN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def command(job: Job, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "vespo.cli", "train", "--config", str(out / "base.yaml")]
+    return cmd + (["--resume"] if job.action == "resume" else []) + run_overrides(job.point, job.run_dir)
+
+
+def start_local(args: list[str], log: Path) -> subprocess.Popen:
+    """A process on this machine (a started run is anything with poll() and wait())."""
+    with open(log, "a") as f:
+        return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, **RUN_ENV})
+
+
+class RayStarter:
+    """Starts each run as a Ray task on a node with ``cpus`` and ``gpus`` free, which runs the process there."""
+
+    def __init__(self, address: str, cpus: float, gpus: float, jobs: int):
+        import ray
+
+        self.ray, self.owned = ray, not ray.is_initialized()
+        if self.owned:
+            ray.init(**({"address": address} if address != "local" else {"include_dashboard": False, "num_cpus": max(
+                jobs * cpus, 1), "_node_ip_address": "127.0.0.1"}), log_to_driver=False)
+        self.task = ray.remote(_run_on_node).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
+
+    def __call__(self, args: list[str], log: Path) -> RayStarter.Run:
+        return self.Run(self.task.remote(args, str(log)).future())
+
+    class Run(NamedTuple):  # a run started as a Ray task, polled like a process
+        future: Future
+
+        def poll(self) -> int | None:
+            return self.wait() if self.future.done() else None
+
+        def wait(self) -> int:
+            try:
+                return int(self.future.result())
+            except Exception:  # the node or the task died: a failed run (resumable)
+                return -1
+
+    def close(self) -> None:
+        if self.owned:
+            self.ray.shutdown()
+
+
+def _run_on_node(args: list[str], log: str) -> int:
+    return start_local(args, Path(log)).wait()
+
+
+def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_local) -> int:
+    """Run the pending jobs ``n_jobs`` at a time; returns how many failed."""
+    pending = [j for j in jobs if j.action in ("start", "resume")]
+    locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key}
+
+    def one(job: Job) -> int:
+        lock = locks.get(job.warm_key)
+        with lock or contextlib.nullcontext():  # the first of a warm start's runs holds it until the file is there
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            print(f"  {job.action:<7} {job.point.name}", flush=True)
+            job.started = time.time()
+            _write_lab(job, {"status": "running", "started": job.started})
+            run = start(command(job, out)[1:], job.run_dir / "train.log")  # the node's own Python runs it
+            while lock is not None and not Path(job.warm_key).is_file() and run.poll() is None:
+                time.sleep(0.5)
+        return finish(job, run.wait())
+
+    with ThreadPoolExecutor(max(1, n_jobs)) as pool:
+        return sum(pool.map(one, pending))
+
+
+def finish(job: Job, returncode: int) -> int:
+    ok, log = returncode == 0, job.run_dir / "train.log"
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+    _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode, "started": job.started,
+                     "ended": time.time(), "stopped_nonfinite": (not ok) and "NonFiniteError" in tail})
+    print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else f" (exit {returncode}; see {log})"),
+          flush=True)
+    return 0 if ok else 1
+
+
+def _write_lab(job: Job, extra: dict) -> None:
+    (job.run_dir / "lab.json").write_text(json.dumps({"labels": job.point.labels, "overrides": job.point.overrides,
+                                                      **extra}, indent=2))

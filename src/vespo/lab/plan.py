@@ -1,0 +1,146 @@
+"""Planning a sweep: its grid points and what each needs (start, resume, skip), the sweep's record, archive restore."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from vespo.lab.grid import GridPoint, Sweep, SweepError
+from vespo.lab.runs import SESSIONS, read_archive_body, read_sessions, write_run
+
+
+@dataclass
+class Job:
+    point: GridPoint
+    run_dir: Path
+    action: str  # "skip" (done), "failed" (kept), "resume", "start"
+    warm_key: str = ""  # warm-start cache file this run reads or writes
+    protocol: dict | None = None  # the paper's terms: N, mini-batch, rollout batch, steps, samples
+    started: float | None = None  # when its process was launched (time.time)
+
+
+def run_overrides(point: GridPoint, run_dir: Path) -> list[str]:
+    """A grid point's overrides, then where it writes, one torch thread and no progress bar."""
+    return point.overrides + [f"run.out_dir={run_dir}", "run.threads=1", "run.progress=false"]
+
+
+def parse_only(items: list[str], sweep: Sweep) -> dict[str, set[str]]:
+    """``["N=1,32", "seed=0"]`` -> {"N": {"1", "32"}, "seed": {"0"}}, checked against the grid."""
+    axes, only = sweep.values, {}
+    for item in items:
+        label, _, values = item.partition("=")
+        if label not in axes or not values:
+            raise SweepError(f"--only {item!r}: expected AXIS=V1,V2 with AXIS one of {sorted(axes)}")
+        if bad := set(values.split(",")) - set(axes[label]):
+            raise SweepError(f"--only {item!r}: {sorted(bad)} not in grid axis {label} {axes[label]}")
+        only[label] = set(values.split(","))
+    return only
+
+
+def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, set[str]] | None = None) -> list[Job]:
+    """Write the sweep's record into ``out`` and decide what each grid point needs."""
+    write_record(sweep, out)
+    jobs = []
+    for point in (p for p in sweep.points() if all(p.labels[a] in v for a, v in (only or {}).items())):
+        cfg, run_dir = _config(sweep, out, point), out / point.name
+        mini, group = cfg.prompts_per_minibatch * cfg.rollout.group_size, cfg.rollout.group_size
+        protocol = {"N": cfg.staleness.n, "mini-batch": f"{cfg.prompts_per_minibatch} prompts x {group} = {mini}",
+                    "rollout batch": f"{cfg.prompts_per_step} prompts = {cfg.prompts_per_step * group}",
+                    "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
+                    "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
+        summary, lab = (json.loads(f.read_text()) if f.exists() else {} for f in (run_dir / "summary.json",
+                                                                                   run_dir / "lab.json"))
+        started = (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*"))
+        action = ("skip" if summary.get("status") == "done" else
+                  "failed" if lab.get("returncode", 0) != 0 and not retry_failed else
+                  "resume" if started else "start")  # --resume starts over a run killed before its first checkpoint
+        jobs.append(Job(point, run_dir, action, _warm_key(cfg), protocol))
+    return jobs
+
+
+def _warm_key(cfg) -> str:
+    if not cfg.warmstart.enabled or cfg.warmstart.steps == 0 or cfg.model.path is not None or cfg.task.dataset:
+        return ""  # no warm start (build_run's condition): nothing to wait for
+    from vespo.trainer.warmstart import warmstart_cache_path  # the trainer's own cache naming
+
+    return str(warmstart_cache_path(cfg))
+
+
+def _config(sweep: Sweep, out: Path, point: GridPoint):
+    from vespo.config import ConfigError, load_config
+
+    try:
+        return load_config(out / "base.yaml", run_overrides(point, out / point.name))
+    except ConfigError as e:
+        raise SweepError(f"{sweep.source}: grid point {point.name}: {e}") from None
+
+
+def write_record(sweep: Sweep, out: Path) -> None:
+    """sweep.json and base.yaml; refuse to mix another base config or other overrides into a sweep."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_dump(sweep.base, sort_keys=False)
+    if (out / "base.yaml").exists() and (out / "base.yaml").read_text() != base:
+        raise SweepError(f"{out / 'base.yaml'} differs from the base of {sweep.source}: this sweep directory was "
+                         "started with another base config; choose another --out")
+    for point in sweep.points():
+        lab = out / point.name / "lab.json"
+        if lab.exists() and json.loads(lab.read_text()).get("overrides") != point.overrides:
+            raise SweepError(f"{lab}: run {point.name} was made with other overrides than {sweep.source} gives it "
+                             "now; choose another --out")
+    (out / "base.yaml").write_text(base)
+    (out / "sweep.json").write_text(json.dumps(sweep.record(), indent=2))
+
+
+def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
+    """The runs with their protocol, and the expected wall time when the sweep file states a cost."""
+    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip", "failed")}
+    print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    pending, c = counts["start"] + counts["resume"], sweep.cost
+    if c is not None and pending:
+        asked = f"; you asked for --jobs {n_jobs}" if n_jobs != c.jobs else ""
+        print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min (the sweep file "
+              f"assumes {c.run_s:g} s per run with {c.jobs} at a time{asked}" + (f"; {c.note}" if c.note else "") + ")")
+    table = pd.DataFrame([{"action": j.action, "run": j.point.name, **(j.protocol or {})} for j in jobs])
+    print("\n".join("  " + line.rstrip() for line in table.to_string(index=False, justify="left").splitlines()))
+
+
+def restore(archive: Path, sweep: Sweep, out: Path) -> int:
+    """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks (and the
+    archive's sessions), so that planning skips them. Refuses an archive of another sweep, a run that is not a
+    point of the grid, or one made with other overrides or another resolved config than the grid gives it now."""
+    from vespo.config import added_at_default, to_dict
+
+    body = read_archive_body(archive)
+    if body["record"].get("name") != sweep.name:
+        raise SweepError(f"{archive} is the archive of sweep {body['record'].get('name')!r}, not {sweep.name!r} "
+                         f"({sweep.source})")
+    write_record(sweep, out)
+    points, restored = {p.name: p for p in sweep.points()}, 0
+    for item in body["runs"]:
+        name, lab, point = item["name"], item["lab"], points.get(item["name"])
+        if (item["summary"] or {}).get("status") != "done" and not lab.get("stopped_nonfinite"):
+            continue  # not finished: run again
+        if point is None or lab.get("overrides") != point.overrides:
+            raise SweepError(f"{archive}: run {name} is not a point of the grid of {sweep.source}" if point is None else
+                             f"{archive}: run {name} was made with overrides {lab.get('overrides')}, the grid of "
+                             f"{sweep.source} gives it {point.overrides}")
+        if (out / name / "lab.json").exists():
+            continue  # this directory's own run (finished, or to resume) wins
+        was, now = (pd.json_normalize(json.loads(json.dumps(c))).iloc[0].to_dict() for c in (
+            item["config"], to_dict(_config(sweep, out, point))))
+        differs = [k for k in {**was, **now} if k != "run.out_dir" and str(was.get(k)) != str(now.get(k))
+                   and not (k not in was and added_at_default(k, now[k]))]  # a field newer than the run, at its default
+        if differs:
+            raise SweepError(f"{archive}: run {name} ran with {differs[0]} = {was.get(differs[0])!r}, the grid of "
+                             f"{sweep.source} now resolves it to {now.get(differs[0])!r}: not the same condition")
+        write_run(item, out / name)
+        restored += 1
+    seen = {(s.get("start"), s.get("command")) for s in read_sessions(out)}  # add the sessions it lacks
+    with open(out / SESSIONS, "a") as f:
+        f.writelines(json.dumps(s) + "\n" for s in body["record"].get("sessions") or []
+                     if (s.get("start"), s.get("command")) not in seen)
+    return restored

@@ -1,0 +1,82 @@
+"""A sweep session's record in sessions.jsonl (with its heartbeat), the code's git commit and the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from vespo.lab.runs import SESSIONS
+
+
+@contextlib.contextmanager
+def session(out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
+    """``with session(out, command, jobs) as record: ...``; the caller may add fields to ``record``. Its line of
+    sessions.jsonl is rewritten every ``beat_s`` seconds; a call killed outright leaves ``end`` null."""
+    path, t0, stop = out / SESSIONS, time.time(), threading.Event()
+    record = {"command": command_line, "jobs": jobs, **source_commit(), "machine": machine(), "start": _iso(t0),
+              "end": None, "seconds": 0.0, "interrupted": None}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        offset = f.tell()  # where this call's line starts: rewritten in place from here
+        f.write(json.dumps(record) + "\n")
+
+    def write() -> None:
+        with open(path, "r+") as f:  # this call's line is the file's last: keep what came before
+            f.seek(offset)
+            f.truncate()
+            f.write(json.dumps(dict(record)) + "\n")
+
+    def beat() -> None:
+        while not stop.wait(beat_s):
+            record.update(last_seen=_iso(time.time()), seconds=round(time.time() - t0, 1))
+            write()
+
+    thread, interrupted = threading.Thread(target=beat, daemon=True), True
+    thread.start()
+    try:
+        yield record
+        interrupted = False
+    finally:
+        stop.set()
+        thread.join()
+        record.update(end=_iso(time.time()), seconds=round(time.time() - t0, 1), interrupted=interrupted)
+        write()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def source_commit() -> dict:
+    """{"commit", "dirty", "source"}: the git commit of the vespo code being run (the repository holding the
+    package, else the current directory); dirty if src/ or configs/ have changes."""
+    import vespo
+
+    source = Path(vespo.__file__).resolve().parent
+    for root in (_git(where, "rev-parse", "--show-toplevel") for where in (source, Path.cwd())):
+        if root:
+            dirty = bool(_git(Path(root), "status", "--porcelain", "--", "src", "configs"))
+            return {"commit": _git(Path(root), "rev-parse", "HEAD"), "dirty": dirty, "source": str(source)}
+    return {"commit": None, "dirty": None, "source": str(source)}
+
+
+def _git(where: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def machine() -> dict:
+    from importlib.metadata import version  # torch is a dependency: installed where vespo is
+
+    return {"node": platform.node(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": version("torch")}
