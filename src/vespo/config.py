@@ -17,7 +17,8 @@ policy is j versions past the weights that sampled it: its lag is j.
 
 from __future__ import annotations
 
-import typing
+import functools
+import operator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -302,8 +303,10 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:
-        check_rules(self)
+    def _rules_hold(self) -> Config:
+        """The rules across fields hold on one learner process and on the async.learner_workers of them."""
+        for ranks in sorted({1, self.async_.learner_workers}):
+            check_rules(self, ranks)
         return self
 
     # Values derived from the fields, in this one place; validation checks them and never rewrites a field.
@@ -388,36 +391,30 @@ def from_dict(data: dict) -> Config:
         raise ConfigError(_message(e.errors()[0])) from None
 
 
+# what a field must be, by the kind of pydantic's error (formatted with its context); other kinds say their type
+MUST = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}", "less_than": "< {lt}",
+        "literal_error": "one of {choices}",
+        "model_type": "a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...)"}
+
+
 def _message(error: dict) -> str:
     """One line for pydantic's first error, naming the field as the YAML writes it."""
-    kind, loc, value = error["type"], error["loc"], error.get("input")
-    name = ".".join(str(part) for part in loc)
-    if kind in ("value_error", "assertion_error"):
-        return str(error["ctx"]["error"])
-    section = _fields(Config)[loc[0]].annotation if len(loc) > 1 else Config  # sections are one level deep
+    kind, loc, ctx = error["type"], error["loc"], error.get("ctx", {})
+    name, fields = ".".join(str(part) for part in loc), _fields(loc[0] if len(loc) > 1 else None)
+    if kind == "value_error":  # a rule's own ConfigError
+        return str(ctx["error"])
     if kind == "extra_forbidden":  # (loss.options checks its own keys)
-        return f"unknown field {name!r}: {loc[0] if len(loc) > 1 else 'the config'} has {sorted(_fields(section))}"
-    if kind == "model_type":
-        return f"{name} must be a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...), " \
-               f"got {value!r}"
-    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-    if kind in bounds:
-        return f"{name} must be {bounds[kind]} {next(iter(error['ctx'].values()))}, got {value!r}"
-    if kind == "literal_error":
-        return f"{name} must be one of {_choices(_fields(section)[loc[1]].annotation)}, got {value!r}"
-    return f"{name} must be {kind.split('_')[0]}, got {value!r}"  # int_type, float_parsing, string_type, ...
+        return f"unknown field {name!r}: {loc[0] if len(loc) > 1 else 'the config'} has {sorted(fields)}"
+    if kind == "literal_error":  # a Literal field, or a list of them
+        ctx = {"choices": fields[loc[1]].get("enum") or fields[loc[1]]["items"]["enum"]}
+    return f"{name} must be {MUST.get(kind, kind.split('_')[0]).format(name=name, **ctx)}, got {error.get('input')!r}"
 
 
-def _fields(model: type[BaseModel]) -> dict[str, Any]:
-    """A section's fields by their YAML names (``async`` for ``async_``)."""
-    return {f.alias or name: f for name, f in model.model_fields.items()}
-
-
-def _choices(annotation: Any) -> list:
-    """The allowed values of a Literal field (or of the Literal inside a list or an Optional)."""
-    if typing.get_origin(annotation) is Literal:
-        return list(typing.get_args(annotation))
-    return next((c for a in typing.get_args(annotation) if (c := _choices(a))), [])
+def _fields(section: str | None = None) -> dict[str, dict]:
+    """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
+    schema = Config.model_json_schema(by_alias=True)
+    return schema["$defs"][schema["properties"][section]["$ref"].split("/")[-1]]["properties"] if section else \
+        schema["properties"]
 
 
 def _read_back(obj: Any, given: dict) -> dict:
@@ -429,53 +426,58 @@ def _read_back(obj: Any, given: dict) -> dict:
 # ---------------------------------------------------------------- rules across fields
 
 
-def check_rules(cfg: Config) -> None:
-    """The rules that tie fields together; a ConfigError names the fields."""
-    r, s = cfg.rollout, cfg.staleness
-    if cfg.run.updates and cfg.run.updates % s.n:
-        raise ConfigError(f"staleness.n={s.n} must divide run.updates={cfg.run.updates} (a run is whole "
-                          "rollout steps of N optimizer steps each)")
-    if cfg.run.eval_every_updates % s.n:
-        raise ConfigError(f"run.eval_every_updates={cfg.run.eval_every_updates} must be a multiple of staleness.n={s.n} "
-                          "(evaluations fall between rollout steps)")
-    if not s.minibatch_prompts and r.prompts_per_step % s.n:
-        raise ConfigError(f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} "
-                          "(each mini-batch holds whole groups)")
-    check_world(cfg)
-    refusal = cfg.loss.options.bypass_refusal() if cfg.behavior == "rollout" else None  # mu = the engine's
-    if refusal:
-        raise ConfigError(f"loss.options for {cfg.loss.name!r}: {refusal}")
-    if cfg.optim.ess_against == "engine" and not cfg.optim.ess_scaled_lr:
-        raise ConfigError("optim.ess_against=engine chooses the weights of optim.ess_scaled_lr, which is off; "
-                          "set optim.ess_scaled_lr=true or leave optim.ess_against=mu")
-    _check_modes(cfg)
+def check_rules(cfg: Config, ranks: int = 1) -> None:
+    """The rules that tie fields together, in this order, with the learner sharded over ``ranks`` processes (1,
+    async.learner_workers, or `vespo train --nproc`); the first that fails raises a ConfigError naming the fields."""
+    for broken, message in _rules(cfg, ranks):
+        if broken:
+            raise ConfigError(message)
 
 
-def _check_modes(cfg: Config) -> None:
-    """Options that mean the same in sync and async mode, or are rejected where they cannot apply."""
-    if cfg.run.mode == "async" and cfg.staleness.behavior == "recompute":
-        raise ConfigError("staleness.behavior=recompute cannot apply in async mode: a row's tokens may come from "
-                          "several policy versions (partial rollouts) whose weights are gone by training time; "
-                          "use staleness.behavior=rollout (or auto)")
-    if cfg.rollout.router_replay == "r2" and cfg.run.mode == "async":
-        raise ConfigError("rollout.router_replay=r2 replays the routing of the trainer's pass over the weights that "
-                          "sampled the batch, which async mode does not have (rows span versions, mu is the "
-                          "engine's); use rollout.router_replay=r3")
-    if cfg.run.compile and cfg.rollout.router_replay != "none":
-        raise ConfigError(f"run.compile=true cannot run with rollout.router_replay={cfg.rollout.router_replay}: "
-                          "compiled layers ignore the replay hooks; set run.compile=false (replay is a no-op on "
-                          "a dense model: there, set rollout.router_replay=none)")
-    if cfg.run.mode == "sync" and cfg.async_.learner != "local":
-        raise ConfigError("async.learner=actor applies to async mode (run.mode=async) only")
-    if cfg.async_.learner_workers > 1:
-        if cfg.async_.learner != "actor" or cfg.run.mode != "async":
-            raise ConfigError("async.learner_workers > 1 shards the learner actor: it needs run.mode=async and "
-                              "async.learner=actor (for a sharded sync learner use `vespo train --nproc P`)")
-        check_world(cfg, cfg.async_.learner_workers)
-    for name, value in (("model.device", cfg.model.device), ("rollout.device", cfg.rollout.device)):
+def _rules(c: Config, ranks: int):
+    """(broken, message) of each rule, lazily: a rule is looked at only when those before it hold."""
+    r, s, o, a, mb = c.rollout, c.staleness, c.optim, c.async_, c.optim.micro_batch_size
+    yield c.run.updates % s.n, (f"staleness.n={s.n} must divide run.updates={c.run.updates} (a run is whole rollout "
+                                "steps of N optimizer steps each)")
+    yield c.run.eval_every_updates % s.n, (f"run.eval_every_updates={c.run.eval_every_updates} must be a multiple of "
+                                           f"staleness.n={s.n} (evaluations fall between rollout steps)")
+    yield not s.minibatch_prompts and r.prompts_per_step % s.n, (
+        f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} (each mini-batch holds whole "
+        "groups)")
+    # the batch splits evenly over the ranks: each takes whole prompt groups of every mini-batch, in whole micro-batches
+    per_mb = c.prompts_per_minibatch
+    yield per_mb % ranks, (f"{ranks} processes must divide the {per_mb} prompts of a mini-batch (rollout.prompts_per_step"
+                           f"={c.prompts_per_step} / staleness.n={s.n}): each rank trains whole prompt groups of every "
+                           "mini-batch")
+    local, each = per_mb // ranks * r.group_size, f"each of the {ranks} processes trains " if ranks > 1 else ""
+    yield mb and local % mb, f"optim.micro_batch_size={mb} must divide the {local} sequences {each}per mini-batch"
+    yield ranks > 1 and c.advantage.skip_zero_variance, (
+        f"advantage.skip_zero_variance drops rows, so {ranks} processes would train unequal shares of a mini-batch; "
+        "turn it off to shard the learner")
+    refusal = c.loss.options.bypass_refusal() if c.behavior == "rollout" else None  # mu = the engine's
+    yield refusal, f"loss.options for {c.loss.name!r}: {refusal}"
+    yield o.ess_against == "engine" and not o.ess_scaled_lr, (
+        "optim.ess_against=engine chooses the weights of optim.ess_scaled_lr, which is off; set "
+        "optim.ess_scaled_lr=true or leave optim.ess_against=mu")
+    # options that mean the same in sync and async mode, or are refused where they cannot apply
+    sync, replay = c.run.mode == "sync", r.router_replay
+    yield not sync and s.behavior == "recompute", (
+        "staleness.behavior=recompute cannot apply in async mode: a row's tokens may come from several policy "
+        "versions (partial rollouts) whose weights are gone by training time; use staleness.behavior=rollout (or auto)")
+    yield not sync and replay == "r2", (
+        "rollout.router_replay=r2 replays the routing of the trainer's pass over the weights that sampled the batch, "
+        "which async mode does not have (rows span versions, mu is the engine's); use rollout.router_replay=r3")
+    yield c.run.compile and replay != "none", (
+        f"run.compile=true cannot run with rollout.router_replay={replay}: compiled layers ignore the replay hooks; "
+        "set run.compile=false (replay is a no-op on a dense model: there, set rollout.router_replay=none)")
+    yield sync and a.learner != "local", "async.learner=actor applies to async mode (run.mode=async) only"
+    yield a.learner_workers > 1 and (a.learner != "actor" or sync), (
+        "async.learner_workers > 1 shards the learner actor: it needs run.mode=async and async.learner=actor (for a "
+        "sharded sync learner use `vespo train --nproc P`)")
+    for name, value in (("model.device", c.model.device), ("rollout.device", r.device)):
         head, _, index = (value or "auto").partition(":")
-        if value not in ("auto", "cpu", "cuda", None) and not (head == "cuda" and index.isdigit()):
-            raise ConfigError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
+        yield value not in ("auto", "cpu", "cuda", None) and not (head == "cuda" and index.isdigit()), (
+            f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
 
 
 def check_launch(cfg: Config, ranks: int) -> None:
@@ -484,25 +486,7 @@ def check_launch(cfg: Config, ranks: int) -> None:
     if cfg.run.mode == "async":
         raise ConfigError("--nproc shards a sync run's learner; in async mode shard it over Ray actors with "
                           "async.learner=actor async.learner_workers=P (docs/distributed.md)")
-    check_world(cfg, ranks)
-
-
-def check_world(cfg: Config, ranks: int = 1) -> None:
-    """The batch splits evenly over ``ranks`` learner processes (1, or ``vespo train --nproc``): each rank takes
-    whole prompt groups of every mini-batch, in whole micro-batches."""
-    per_mb = cfg.prompts_per_minibatch
-    if per_mb % ranks:
-        raise ConfigError(f"{ranks} processes must divide the {per_mb} prompts of a mini-batch "
-                          f"(rollout.prompts_per_step={cfg.prompts_per_step} / staleness.n={cfg.staleness.n}): "
-                          "each rank trains whole prompt groups of every mini-batch")
-    local = per_mb // ranks * cfg.rollout.group_size
-    if cfg.optim.micro_batch_size and local % cfg.optim.micro_batch_size:
-        each = f"each of the {ranks} processes trains " if ranks > 1 else ""
-        raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide the {local} sequences "
-                          f"{each}per mini-batch")
-    if ranks > 1 and cfg.advantage.skip_zero_variance:
-        raise ConfigError(f"advantage.skip_zero_variance drops rows, so {ranks} processes would train unequal "
-                          "shares of a mini-batch; turn it off to shard the learner")
+    check_rules(cfg, ranks)
 
 
 # ---------------------------------------------------------------- output
@@ -522,21 +506,15 @@ def added_at_default(dotted: str, value: Any) -> bool:
     """Whether ``value`` is the default of the field ``dotted`` (e.g. ``optim.ess_against``): a config written
     before that field existed lacks it, and the default keeps what such a config meant, so the two are the same
     condition (resume, and a sweep's archive, compare configs with this)."""
-    node: Any = to_dict(Config())
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return node == value
+    try:
+        return functools.reduce(operator.getitem, dotted.split("."), to_dict(Config())) == value
+    except (KeyError, TypeError):  # no such field
+        return False
 
 
 def describe() -> list[tuple[str, Any, str]]:
     """(dotted name, default, help and rule) of every field, for `vespo train --help-config`: the rule is the
     field's pydantic JSON schema (type, enum, minimum, ...)."""
-    schema, rows = Config.model_json_schema(by_alias=True), []
-    for section, ref in schema["properties"].items():
-        for name, f in schema["$defs"][ref["$ref"].split("/")[-1]]["properties"].items():
-            rule = {k: v for k, v in f.items() if k not in ("title", "description", "default")}
-            help_ = " ".join(f.get("description", "").split())
-            rows.append((f"{section}.{name}", f.get("default"), f"{help_}  {rule}"))
-    return rows
+    return [(f"{section}.{name}", f.get("default"), " ".join(f.get("description", "").split()) + "  " +
+             str({k: v for k, v in f.items() if k not in ("title", "description", "default")}))
+            for section in _fields() for name, f in _fields(section).items()]
