@@ -17,8 +17,7 @@ policy is j versions past the weights that sampled it: its lag is j.
 
 from __future__ import annotations
 
-import functools
-import operator
+from functools import reduce
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -144,35 +143,26 @@ class LossConfig(Section):
     log(mu/pi) > delta (docs/losses.md)"""
     _given: dict = PrivateAttr({})  # the options as written: the keys a run directory records
 
-    @model_validator(mode="after")
-    def _build(self) -> LossConfig:
-        """The loss's typed config, its class taken from the registry (a loss registered at run time too)."""
+    def model_post_init(self, context: Any) -> None:
+        """Build the loss's typed config, its class taken from the registry (a loss registered at run time too)."""
+        from vespo.losses import get_loss
+
         try:
-            cls = self.spec.config_cls
+            cls = get_loss(self.name).config_cls
         except ValueError as e:
             raise ConfigError(f"loss.name: {e}") from None
         if not isinstance(self.options, dict):
             raise ConfigError(f"loss.options must be a mapping, got {self.options!r}")
-        try:
-            built = cls(**self.options)
+        try:  # validation builds the frozen section's one derived value
+            self._given, self.__dict__["options"] = self.options, cls(**self.options)
         except (TypeError, ValueError) as e:  # TypeError: an option the loss does not have
             valid = f"; valid options: {sorted(cls.__dataclass_fields__)}" if isinstance(e, TypeError) else ""
             raise ConfigError(f"loss.options for {self.name!r}: {e}{valid}") from None
-        self._given = self.options
-        self.__dict__["options"] = built  # validation builds the frozen section's one derived value
-        return self
 
     @field_serializer("options")
     def _as_written(self, options: Any) -> dict:
         """What a run directory records: the options as written, their values read from the built config."""
         return _read_back(options, self._given)
-
-    @property
-    def spec(self):
-        """The registered loss (vespo.losses.LossSpec: its function, config class and per-row flag)."""
-        from vespo.losses import get_loss
-
-        return get_loss(self.name)
 
 
 class OptimConfig(Section):
@@ -315,9 +305,8 @@ class Config(Section):
     def prompts_per_step(self) -> int:
         """Prompts per rollout batch: staleness.n x staleness.minibatch_prompts when that is set (the paper's
         protocol: N varies at a fixed mini-batch), else rollout.prompts_per_step."""
-        if self.staleness.minibatch_prompts:
-            return self.staleness.n * self.staleness.minibatch_prompts
-        return self.rollout.prompts_per_step
+        s = self.staleness
+        return s.n * s.minibatch_prompts if s.minibatch_prompts else self.rollout.prompts_per_step
 
     @property
     def steps(self) -> int:
@@ -331,9 +320,8 @@ class Config(Section):
     @property
     def behavior(self) -> str:
         """mu's source with auto resolved: recompute (sync mode) or rollout (async mode)."""
-        if self.staleness.behavior != "auto":
-            return self.staleness.behavior
-        return "rollout" if self.run.mode == "async" else "recompute"
+        auto = "rollout" if self.run.mode == "async" else "recompute"
+        return auto if self.staleness.behavior == "auto" else self.staleness.behavior
 
     @property
     def total_updates(self) -> int:
@@ -362,25 +350,21 @@ def load_yaml(path: str | Path, what: str = "config", error: type[Exception] = C
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML file (or the built-in defaults), apply ``a.b=value`` overrides, validate once."""
+    """Read a YAML file (or the built-in defaults), apply ``section.field=value`` overrides to its plain data (each
+    value parsed as YAML), validate once."""
     data = load_yaml(path) if path is not None else {}
     for item in overrides:
-        apply_override(data, item)
+        dotted, is_set, raw = item.partition("=")
+        if not is_set:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        *sections, last = dotted.strip().split(".")
+        node = data
+        for i, part in enumerate(sections):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{'.'.join(sections[: i + 1])} is not a section")
+        node[last] = yaml.safe_load(raw)
     return from_dict(data)
-
-
-def apply_override(data: dict, item: str) -> None:
-    """Apply one ``section.field=value`` override to plain config data; the value is parsed as YAML."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.field=value")
-    dotted, raw = item.split("=", 1)
-    *path, last = dotted.strip().split(".")
-    node = data
-    for i, part in enumerate(path):
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{'.'.join(path[: i + 1])} is not a section")
-    node[last] = yaml.safe_load(raw)
 
 
 def from_dict(data: dict) -> Config:
@@ -412,9 +396,8 @@ def _message(error: dict) -> str:
 
 def _fields(section: str | None = None) -> dict[str, dict]:
     """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
-    schema = Config.model_json_schema(by_alias=True)
-    return schema["$defs"][schema["properties"][section]["$ref"].split("/")[-1]]["properties"] if section else \
-        schema["properties"]
+    sections = {f.alias or name: f.annotation for name, f in Config.model_fields.items()}
+    return (sections[section] if section else Config).model_json_schema(by_alias=True)["properties"]
 
 
 def _read_back(obj: Any, given: dict) -> dict:
@@ -426,17 +409,19 @@ def _read_back(obj: Any, given: dict) -> dict:
 # ---------------------------------------------------------------- rules across fields
 
 
-def check_rules(cfg: Config, ranks: int = 1) -> None:
-    """The rules that tie fields together, in this order, with the learner sharded over ``ranks`` processes (1,
-    async.learner_workers, or `vespo train --nproc`); the first that fails raises a ConfigError naming the fields."""
-    for broken, message in _rules(cfg, ranks):
+def check_rules(cfg: Config, ranks: int = 1, torchrun: bool = False) -> None:
+    """The rules that tie fields together, for a learner sharded over ``ranks`` processes (1, async.learner_workers
+    Ray actors, or a torchrun job of `vespo train --nproc`); the first that fails raises a ConfigError naming them."""
+    for broken, message in _rules(cfg, ranks, torchrun):
         if broken:
             raise ConfigError(message)
 
 
-def _rules(c: Config, ranks: int):
-    """(broken, message) of each rule, lazily: a rule is looked at only when those before it hold."""
-    r, s, o, a, mb = c.rollout, c.staleness, c.optim, c.async_, c.optim.micro_batch_size
+def _rules(c: Config, ranks: int, torchrun: bool):
+    """(broken, message) of each rule, in order; a rule is looked at only when those before it hold."""
+    r, s, a, sync = c.rollout, c.staleness, c.async_, c.run.mode == "sync"
+    yield torchrun and not sync, ("--nproc shards a sync run's learner; in async mode shard it over Ray actors with "
+                                  "async.learner=actor async.learner_workers=P (docs/distributed.md)")
     yield c.run.updates % s.n, (f"staleness.n={s.n} must divide run.updates={c.run.updates} (a run is whole rollout "
                                 "steps of N optimizer steps each)")
     yield c.run.eval_every_updates % s.n, (f"run.eval_every_updates={c.run.eval_every_updates} must be a multiple of "
@@ -445,10 +430,10 @@ def _rules(c: Config, ranks: int):
         f"staleness.n={s.n} must divide rollout.prompts_per_step={r.prompts_per_step} (each mini-batch holds whole "
         "groups)")
     # the batch splits evenly over the ranks: each takes whole prompt groups of every mini-batch, in whole micro-batches
-    per_mb = c.prompts_per_minibatch
-    yield per_mb % ranks, (f"{ranks} processes must divide the {per_mb} prompts of a mini-batch (rollout.prompts_per_step"
-                           f"={c.prompts_per_step} / staleness.n={s.n}): each rank trains whole prompt groups of every "
-                           "mini-batch")
+    per_mb, mb = c.prompts_per_minibatch, c.optim.micro_batch_size
+    yield per_mb % ranks, (
+        f"{ranks} processes must divide the {per_mb} prompts of a mini-batch (rollout.prompts_per_step="
+        f"{c.prompts_per_step} / staleness.n={s.n}): each rank trains whole prompt groups of every mini-batch")
     local, each = per_mb // ranks * r.group_size, f"each of the {ranks} processes trains " if ranks > 1 else ""
     yield mb and local % mb, f"optim.micro_batch_size={mb} must divide the {local} sequences {each}per mini-batch"
     yield ranks > 1 and c.advantage.skip_zero_variance, (
@@ -456,20 +441,19 @@ def _rules(c: Config, ranks: int):
         "turn it off to shard the learner")
     refusal = c.loss.options.bypass_refusal() if c.behavior == "rollout" else None  # mu = the engine's
     yield refusal, f"loss.options for {c.loss.name!r}: {refusal}"
-    yield o.ess_against == "engine" and not o.ess_scaled_lr, (
+    yield c.optim.ess_against == "engine" and not c.optim.ess_scaled_lr, (
         "optim.ess_against=engine chooses the weights of optim.ess_scaled_lr, which is off; set "
         "optim.ess_scaled_lr=true or leave optim.ess_against=mu")
     # options that mean the same in sync and async mode, or are refused where they cannot apply
-    sync, replay = c.run.mode == "sync", r.router_replay
     yield not sync and s.behavior == "recompute", (
         "staleness.behavior=recompute cannot apply in async mode: a row's tokens may come from several policy "
         "versions (partial rollouts) whose weights are gone by training time; use staleness.behavior=rollout (or auto)")
-    yield not sync and replay == "r2", (
+    yield not sync and r.router_replay == "r2", (
         "rollout.router_replay=r2 replays the routing of the trainer's pass over the weights that sampled the batch, "
         "which async mode does not have (rows span versions, mu is the engine's); use rollout.router_replay=r3")
-    yield c.run.compile and replay != "none", (
-        f"run.compile=true cannot run with rollout.router_replay={replay}: compiled layers ignore the replay hooks; "
-        "set run.compile=false (replay is a no-op on a dense model: there, set rollout.router_replay=none)")
+    yield c.run.compile and r.router_replay != "none", (
+        f"run.compile=true cannot run with rollout.router_replay={r.router_replay}: compiled layers ignore the replay "
+        "hooks; set run.compile=false (replay is a no-op on a dense model: there, set rollout.router_replay=none)")
     yield sync and a.learner != "local", "async.learner=actor applies to async mode (run.mode=async) only"
     yield a.learner_workers > 1 and (a.learner != "actor" or sync), (
         "async.learner_workers > 1 shards the learner actor: it needs run.mode=async and async.learner=actor (for a "
@@ -478,15 +462,6 @@ def _rules(c: Config, ranks: int):
         head, _, index = (value or "auto").partition(":")
         yield value not in ("auto", "cpu", "cuda", None) and not (head == "cuda" and index.isdigit()), (
             f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
-
-
-def check_launch(cfg: Config, ranks: int) -> None:
-    """What a torchrun job of ``ranks`` processes can run: sync mode (async mode shards its learner over Ray
-    actors, async.learner_workers), and a batch that splits evenly over the ranks."""
-    if cfg.run.mode == "async":
-        raise ConfigError("--nproc shards a sync run's learner; in async mode shard it over Ray actors with "
-                          "async.learner=actor async.learner_workers=P (docs/distributed.md)")
-    check_rules(cfg, ranks)
 
 
 # ---------------------------------------------------------------- output
@@ -507,7 +482,7 @@ def added_at_default(dotted: str, value: Any) -> bool:
     before that field existed lacks it, and the default keeps what such a config meant, so the two are the same
     condition (resume, and a sweep's archive, compare configs with this)."""
     try:
-        return functools.reduce(operator.getitem, dotted.split("."), to_dict(Config())) == value
+        return reduce(lambda node, part: node[part], dotted.split("."), to_dict(Config())) == value
     except (KeyError, TypeError):  # no such field
         return False
 

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = p.parse_args(argv)
 
-    from vespo.config import ConfigError, check_launch, describe, load_config
+    from vespo.config import ConfigError, check_rules, describe, load_config
 
     if args.help_config:
         for name, default, help_ in describe():
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     if args.nproc < 1 or args.nnodes < 1:
         raise ConfigError(f"--nproc and --nnodes must be >= 1, got {args.nproc} and {args.nnodes}")
     if args.nproc * args.nnodes > 1:
-        check_launch(cfg, args.nproc * args.nnodes)
+        check_rules(cfg, args.nproc * args.nnodes, torchrun=True)
         return launch(args, argv)
     from vespo.trainer import train
     from vespo.trainer.distributed import launched_by_torchrun

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from vespo.config import Config, OptimConfig
-from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
+from vespo.losses import concat_rows, ess_step_scale, get_loss, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, enable_checkpointing, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
@@ -98,7 +98,7 @@ class Learner:
             self.dist.broadcast_state(self.module)
             shard_policy(self.module, self.dist, self.device, bf16=cfg.model.autocast)
         self.autocast = cfg.model.autocast and not self.dist.active
-        self.spec, self.loss_cfg = cfg.loss.spec, cfg.loss.options  # the loss and its config, built by the Config
+        self.spec, self.loss_cfg = get_loss(cfg.loss.name), cfg.loss.options  # the loss; its config built by the Config
         self.optim_cfg = optim = cfg.optim
         self.temperature = cfg.rollout.temperature
         self.top_k, self.top_p = cfg.rollout.top_k, cfg.rollout.top_p  # μ and π are of the truncated distribution

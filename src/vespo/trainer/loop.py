@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from vespo.buffer import lag_stats
-from vespo.config import Config, check_launch, to_dict
+from vespo.config import Config, check_rules, to_dict
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
@@ -63,7 +63,7 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     if not resume:
         check_new_run_dir(cfg)  # before the model is built and warm-started
     if dist.active:
-        check_launch(cfg, dist.world)
+        check_rules(cfg, dist.world, torchrun=True)
     with ExitStack() as stack:
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
