@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer
 
 from vespo.errors import UserError
 
@@ -292,12 +292,11 @@ class Config(Section):
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     run: RunConfig = Field(default_factory=RunConfig)
 
-    @model_validator(mode="after")
-    def _rules_hold(self) -> Config:
-        """The rules across fields hold on one learner process and on the async.learner_workers of them."""
+    def model_post_init(self, context: Any) -> None:
+        """Validate what needs the whole config: the rules across fields, on one learner process and on the
+        async.learner_workers of them."""
         for ranks in sorted({1, self.async_.learner_workers}):
             check_rules(self, ranks)
-        return self
 
     # Values derived from the fields, in this one place; validation checks them and never rewrites a field.
 
