@@ -108,9 +108,6 @@ class Claim(BaseModel):
     kind = property(lambda self: self.expect if isinstance(self.expect, str) else next(iter(self.expect), ""))
     margin = property(lambda self: math.nan if isinstance(self.expect, str) else float(*self.expect.values()))
 
-    def sides(self) -> list[Where]:
-        return [self.a, *self.b] if hasattr(self, "a") else [self.select]
-
     def readings(self) -> list[str]:
         return [self.metric, *(m for m in READINGS if m != self.metric)] if self.metric in READINGS else [self.metric]
 
@@ -313,7 +310,7 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
                 check_where(values, {over: []})
             if isinstance(c, Across) and c.kind in ("increasing", "decreasing"):
                 [math.log2(float(v)) for v in values[over]]
-            for side in c.sides():
+            for side in [c.a, *c.b] if hasattr(c, "a") else [c.select]:
                 check_where(values, side)
                 free = [a for a in values if a not in (SEED_AXIS, over) and len(values[a]) > 1 and a not in side]
                 if free and not isinstance(c, Collapses):

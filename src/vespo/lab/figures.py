@@ -15,7 +15,7 @@ import pandas as pd
 
 from vespo.lab.grid import Sweep
 from vespo.lab.runs import LR_AXIS, by_seed, conditions, lr_of, lr_points, lr_text, select
-from vespo.lab.stats import CONFIDENCE, mean_ci, paired, rate_ci
+from vespo.lab.stats import LEVEL, mean_ci, paired, rate_ci
 from vespo.plot import color_of, display_name
 
 BINS = 32  # windows per run for the curves
@@ -23,7 +23,6 @@ LOSS_AXES = ("loss", "method")  # axes whose values are losses (or a loss with a
 CURVES = [("reward", "reward/mean", "training reward", False),
           ("kl", "kl/k3", "stale KL k3 (behavior vs updated)", True),
           ("grad_norm", "optim/grad_norm_max", "max grad norm per logged step", True)]
-LEVEL = f"{CONFIDENCE:.0%}"
 
 
 def _plt():
@@ -72,10 +71,8 @@ def write_figures(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None
 def binned_curve(run, metric: str) -> pd.Series:
     """A run's metric against optimizer steps, averaged in windows of max(N, updates / BINS) updates."""
     x, y = run.series(metric)
-    keep = np.isfinite(y)
-    frame = pd.DataFrame({"x": x[keep], "y": y[keep], "bin": (x[keep] // max(run.n, run.updates / BINS)).astype(int)})
-    frame = frame.groupby("bin").mean()
-    return pd.Series(frame.y.to_numpy(), index=frame.x.to_numpy())
+    frame = pd.DataFrame({"x": x, "y": y})[np.isfinite(y)]
+    return frame.groupby(frame.x // max(run.n, run.updates / BINS)).mean().set_index("x").y
 
 
 def draw_seed_mean(ax, runs: pd.DataFrame, metric: str, label: str, color: str) -> None:
@@ -93,9 +90,9 @@ def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: li
     """One panel per value of ``panel``; in each, the seed-mean curve (and min-max band) per curve value."""
     plt = _plt()
     panels = conditions(sweep, runs, [panel] if panel else [])
-    cols, rows = min(4, max(1, len(panels))), max(1, math.ceil(len(panels) / min(4, max(1, len(panels)))))
-    fig, axs = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * math.ceil(len(panels) / cols)), squeeze=False,
-                            sharey=True, constrained_layout=True)
+    cols, rows = min(4, len(panels)), math.ceil(len(panels) / min(4, len(panels)))
+    fig, axs = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * rows), squeeze=False, sharey=True,
+                            constrained_layout=True)
     colors = value_colors(curves[0], sweep.values[curves[0]]) if curves else {}
     for ax, (key, cell) in zip(axs.flat, panels):
         for ck, sub in conditions(sweep, cell, curves):
@@ -120,27 +117,26 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     Right: the training reward per N against optimizer steps."""
     plt = _plt()
     losses, ns = ([v for v in sweep.values[a] if v in set(runs[a])] for a in ("loss", "N"))
-    ref = sweep.reference.get("loss")
+    ref, xs = sweep.reference.get("loss"), [float(n) for n in ns]
     fig = plt.figure(figsize=(16, 7), constrained_layout=True)
     left, right = fig.subfigures(1, 2, width_ratios=[1, 2.1])
     top, bottom = left.subplots(2, 1, sharex=True)
     for loss in losses:
-        _final_vs_x(top, select(runs, {"loss": loss}), "N", ns, [float(n) for n in ns], metric, display_name(loss),
-                    color_of(loss))
+        _final_vs_x(top, select(runs, {"loss": loss}), "N", ns, xs, metric, display_name(loss), color_of(loss))
     top.set_title(f"held-out accuracy after training (seed mean, {LEVEL} band; x = collapsed run)", fontsize=9)
     for i, loss in enumerate(x for x in losses if x != ref and ref is not None):
         shift = 2 ** ((i - (len(losses) - 2) / 2) * 0.06)  # spread the bars a little around each N
-        pts = [(float(n) * shift, paired(by_seed(select(runs, {"loss": loss, "N": n}), metric),
-                                         by_seed(select(runs, {"loss": ref, "N": n}), metric)).diff) for n in ns]
+        pts = [(x * shift, paired(by_seed(select(runs, {"loss": loss, "N": n}), metric),
+                                  by_seed(select(runs, {"loss": ref, "N": n}), metric)).diff) for x, n in zip(xs, ns)]
         _bars(bottom, [(x, d) for x, d in pts if d.n], color_of(loss), display_name(loss))
     if ref is not None:
         bottom.axhline(0.0, color=color_of(ref), linewidth=1.2)
         bottom.set_title(f"each loss minus {display_name(ref)}, paired by seed ({LEVEL} interval)", fontsize=9)
         bottom.set_ylabel(f"Δ {metric}")
     for ax in (top, bottom):
-        ax.set_xlim(min(float(n) for n in ns) / 1.5, max(float(n) for n in ns) * 1.5)  # also with nothing drawn
+        ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)  # also with nothing drawn
         ax.set_xscale("log", base=2)
-        ax.set_xticks([float(n) for n in ns], ns)
+        ax.set_xticks(xs, ns)
         ax.grid(alpha=0.3)
     bottom.set_xlabel("N (optimizer steps per rollout batch; mini-batch fixed)")
     top.legend(fontsize=7, ncol=2)

@@ -80,13 +80,10 @@ def pick(setting: str, at: str, runs: pd.DataFrame, among: str, planned: list[st
     values = [pd.concat([by_seed(cells[n], METRIC) for n in g]).groupby(level=0).first() for g in groups]
     diffs = {(i, j): paired(values[i], values[j]) for i, j in itertools.permutations(range(len(groups)), 2)}
     tests = [(i, j) for i, j in diffs if i < j and diffs[(i, j)].diff.n >= 2]
-    ahead = {}
-    for (i, j), p in zip(tests, holm([p_value(diffs[t].values.to_numpy(), 0.0) for t in tests])):
-        if p < FAMILY_ERROR:
-            i, j = (i, j) if diffs[(i, j)].diff.mean > 0 else (j, i)
-            ahead[(i, j)] = diffs[(i, j)]
+    ahead = [(i, j) if diffs[(i, j)].diff.mean > 0 else (j, i) for (i, j), p in
+             zip(tests, holm([p_value(diffs[t].values.to_numpy(), 0.0) for t in tests])) if p < FAMILY_ERROR]
     top = [i for i in range(len(groups)) if not any((k, i) in ahead for k in range(len(groups)))]
-    out = Pick(setting, at, int(runs.updates.max()), groups, top, ahead,
+    out = Pick(setting, at, int(runs.updates.max()), groups, top, {k: diffs[k] for k in ahead},
                {n: (int(u.collapsed.sum()), len(u)) for n, u in ((n, c[c.usable]) for n, c in cells.items())
                 if u.collapsed.any()}, settling={n: settling(cell)[1] for n, cell in cells.items()},
                few={n: int(usable.get(n, 0)) for n in everyone if n not in cells})
@@ -119,13 +116,11 @@ def advice(p: Pick) -> str:
         tied = [names(i) for i in p.top if len(p.groups[i]) == 1]
         if tied:
             text += f"; {'tied with them' if same else 'tied'}: " + ", ".join(tied)
-    for j in (j for j in range(len(p.groups)) if j not in p.top):
-        i = next((i for i in [*p.top, *range(len(p.groups))] if (i, j) in p.ahead), None)
-        if i is not None:
-            d = p.ahead[(i, j)]
-            label = "robust" if d.diff.n >= ROBUST_SEEDS and d.wins >= ROBUST_SHARE * d.diff.n else "supported"
-            text += (f"; {names(j)} behind {names(i)} by {ci_text(d.diff, True)}, higher in {d.wins}/{d.diff.n} seeds "
-                     f"({label})")
+    for j in (j for j in range(len(p.groups)) if j not in p.top):  # behind a group, so ahead holds one (i, j)
+        i = next(i for i in [*p.top, *range(len(p.groups))] if (i, j) in p.ahead)
+        d, n = p.ahead[(i, j)], p.ahead[(i, j)].diff.n
+        label = "robust" if n >= ROBUST_SEEDS and d.wins >= ROBUST_SHARE * n else "supported"
+        text += f"; {names(j)} behind {names(i)} by {ci_text(d.diff, True)}, higher in {d.wins}/{n} seeds ({label})"
     if p.few:
         text += "; too few finished runs to compare: " + ", ".join(f"{display_name(n)} ({k})" for n, k in p.few.items())
     words = list(p.settling.values())

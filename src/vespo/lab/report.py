@@ -4,12 +4,9 @@
     vespo report runs/staleness --out docs/results/staleness --panel loss --curve N
     vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
 
-A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). report.md: per
-condition the finals with their intervals over seeds, time to a target reward, collapses and diagnostics;
-each condition minus the reference, paired by seed; whether the curves settle; the collapse rate per lr;
-every run; the figures (vespo.lab.figures) and the archive beside it. With --page every sweep's report goes
-to results/<name>/ beside the page, which fills the template page.md: the recommendation, how numbers are
-judged, the claims, the headline figure and each sweep's provenance and tables.
+A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). A report is
+report.md (per condition and per run; docs/lab.md, `vespo report`), its figures and the sweep's archive. With
+--page every sweep's report goes to results/<name>/ beside the page, the template page.md filled.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
 from vespo.lab.runs import (ARCHIVE, LR_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions, lr_points, lr_text,
                             read_lab, write_archive)
-from vespo.lab.stats import ci_text, mean_ci, paired, rate_ci
+from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
@@ -100,7 +97,7 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
     fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
     robust = {"share": cl.ROBUST_SHARE, "seeds": cl.ROBUST_SEEDS}
     text = PAGE.format(
-        command=command, level=f"{stats.CONFIDENCE:.0%}", **judged(verdicts), **noise(sweeps, runs),
+        command=command, level=LEVEL, **judged(verdicts), **noise(sweeps, runs),
         **collapse_check(sweeps, runs),
         recommendation="" if claims is None else RECOMMEND.format(
             lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), alpha=stats.FAMILY_ERROR,
@@ -141,9 +138,8 @@ def num(x: float | None, digits: int = 3, sci: bool = False) -> str:
     return f"{x:.2e}" if sci and x != 0 and abs(x) < 1e-2 else f"{x:.{digits}f}"
 
 
-def _agg(values: pd.Series, how: str) -> float:
-    finite = values[np.isfinite(values.to_numpy(dtype=float))]
-    return float(getattr(finite, how)()) if len(finite) else math.nan
+def _agg(values: pd.Series, how: str) -> float:  # over the finite values (nan for none)
+    return float(values[np.isfinite(values.to_numpy(dtype=float))].agg(how))
 
 
 def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
@@ -232,7 +228,7 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
 def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
     """The tables the report and the page print for a sweep, below the sweep file's description."""
     heads = TABLES.format(reference=" = ".join(next(iter(sweep.reference.items()), "")), band=SETTLED_BAND,
-                          level=f"{stats.CONFIDENCE:.0%}").splitlines()
+                          level=LEVEL).splitlines()
     tables = [condition_table(sweep, runs), paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
     return ([sweep.description, ""] if sweep.description else []) + [
         line for head, table in zip(["", *heads], tables) if table for line in ([head, ""] if head else []) + [table, ""]]
@@ -241,7 +237,7 @@ def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
 def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
     """report.md: the sweep's tables, every run, its figures."""
     seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
-    definitions = REPORT.format(level=f"{stats.CONFIDENCE:.0%}", method=stats.METHOD, target=TARGET_REWARD,
+    definitions = REPORT.format(level=LEVEL, method=stats.METHOD, target=TARGET_REWARD,
                                 window=TARGET_WINDOW, rule=collapse.describe())
     lines = [f"## Sweep `{sweep.name}`", "", f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "")
              + ". " + definitions, "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]

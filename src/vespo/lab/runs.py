@@ -27,8 +27,8 @@ from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.metrics import read_jsonl
 
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
-SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.lab.provenance)
 RUN_KEYS = ("name", "lab", "config", "summary", "eval_before", "rows")  # an archived run (Run's fields)
+SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.lab.provenance)
 LR_AXIS = "lr"
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
 TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training reward over windows of updates
@@ -125,8 +125,8 @@ def time_to_target(run: Run, target: float = TARGET_REWARD, window: int = TARGET
 def result(run: Run) -> dict:
     """A run's row of the table: status, collapse and METRICS (a broken policy scores 0)."""
     stopped = bool(run.lab.get("stopped_nonfinite"))
-    c = collapse_of_rows(run.rows, run.n, run.before, stopped) if run.rows else Collapse(stopped, "nonfinite", 1) \
-        if stopped else Collapse(False)
+    c = collapse_of_rows(run.rows, run.n, run.before, stopped) if run.rows else \
+        Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
     stats = {k: f(run) if run.rows else math.nan for k, f in METRICS.items()}
     if c.reason == "nonfinite" and not run.summary.get("eval_after"):
         stats.update(eval_sampled=0.0, eval_greedy=0.0, eval_last=0.0, train_last=0.0)
@@ -168,8 +168,7 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     elif archive.is_file():
         body = read_archive_body(archive)
         sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
-        runs = [Run(x["name"], x["lab"], x["config"], x["summary"] or {}, x["eval_before"], x["rows"])
-                for x in body["runs"]]
+        runs = [Run(**{**x, "summary": x["summary"] or {}}) for x in body["runs"]]
     else:
         raise FileNotFoundError(f"{path} is not a sweep directory: no sweep.json (run `vespo sweep` first) and no "
                                 f"{ARCHIVE} archive")
@@ -194,10 +193,8 @@ def read_sessions(sweep_dir: Path) -> list[dict]:
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
     """The sweep's archive (gzip'd JSON with a fixed mtime: the same runs give the same bytes)."""
     body = {"format": ARCHIVE_FORMAT, "record": {**sweep.record(), "sessions": sweep.sessions},
-            "runs": [{"name": r.name, "lab": r.lab, "config": r.config,
-                      "summary": None if r.rows is None else r.summary,
-                      "eval_before": r.eval_before, "rows": None if r.rows is None else [
-                          {k: v for k, v in row.items() if k in ROW_KEYS or k.startswith("eval/")} for row in r.rows]}
+            "runs": [{**vars(r), "summary": None if r.rows is None else r.summary, "rows": None if r.rows is None else
+                      [{k: v for k, v in row.items() if k in ROW_KEYS or k.startswith("eval/")} for row in r.rows]}
                      for r in runs]}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:

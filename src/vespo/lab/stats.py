@@ -18,6 +18,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
 CONFIDENCE = 0.9  # the intervals shown
+LEVEL = f"{CONFIDENCE:.0%}"
 FAMILY_ERROR = 1 - CONFIDENCE  # Holm: family-wise error of the verdicts
 METHOD = "Student t-interval of the mean over seeds"
 MIN_SEEDS = 2  # the fewest values a t-interval can be formed from
