@@ -33,6 +33,7 @@ class ConfigError(UserError, ValueError):
 
 Float = Annotated[float, Field(strict=False)]  # also from a string: YAML 1.1 reads 1e-4 (no dot) as one
 Precision = Literal["float32", "bfloat16"]
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]  # refused as "auto, cpu, cuda or cuda:N"
 
 
 class Section(BaseModel):
@@ -54,7 +55,7 @@ class ModelConfig(Section):
     """trainer precision"""
     attn_implementation: str | None = None
     """attention kernel of the trainer (None: the model's default)"""
-    device: str = "auto"
+    device: Device = "auto"
     """device of the learner (policy, optimizer): auto (CUDA when present, else CPU), cpu, cuda or cuda:N"""
     autocast: bool = False
     """run the learner's forward passes under torch.autocast in bfloat16 (weights and optimizer stay in model.dtype)"""
@@ -98,7 +99,7 @@ class RolloutConfig(Section):
     """precision of the rollout engine; bfloat16 gives a real train-inference mismatch"""
     engine: Literal["hf", "vllm"] = "hf"
     """rollout engine backend"""
-    device: str | None = None
+    device: Device | None = None
     """device of the HF rollout engine: auto, cpu, cuda or cuda:N; None follows model.device (vLLM always runs on
     CUDA)"""
     router_replay: Literal["none", "r2", "r3"] = "none"
@@ -376,7 +377,7 @@ def from_dict(data: dict) -> Config:
 
 # what a field must be, by the kind of pydantic's error (formatted with its context); other kinds say their type
 MUST = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}", "less_than": "< {lt}",
-        "literal_error": "one of {choices}",
+        "literal_error": "one of {choices}", "string_pattern_mismatch": "auto, cpu, cuda or cuda:N",
         "model_type": "a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...)"}
 
 
@@ -457,10 +458,6 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield a.learner_workers > 1 and (a.learner != "actor" or sync), (
         "async.learner_workers > 1 shards the learner actor: it needs run.mode=async and async.learner=actor (for a "
         "sharded sync learner use `vespo train --nproc P`)")
-    for name, value in (("model.device", c.model.device), ("rollout.device", r.device)):
-        head, _, index = (value or "auto").partition(":")
-        yield value not in ("auto", "cpu", "cuda", None) and not (head == "cuda" and index.isdigit()), (
-            f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
 
 
 # ---------------------------------------------------------------- output
