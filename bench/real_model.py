@@ -239,7 +239,9 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     from steps import stepper
 
     from vespo.config import load_config
+    from vespo.heap import return_freed_memory
 
+    return_freed_memory()  # as every `vespo` command does (freed tensors go back to the system)
     cfg = load_config(None, vespo_overrides(steps) + extra)
     s = stepper(cfg)
     built_rss = rss_bytes()
