@@ -43,8 +43,12 @@ Reported:
   step's FLOPs, on the rows still generating, at the matmul rate).
 - peak memory: peak RSS of the process (``ru_maxrss``), with and without activation
   checkpointing, against the floor of training in float32: weights + gradients + AdamW's two
-  moments = 4 x parameters x 4 bytes. Its RSS after building the run (weights, the rollout engine's
-  copy, libraries) is shown beside it.
+  moments = 4 x parameters x 4 bytes. Beside it: the RSS of the libraries before the model is loaded
+  (torch, transformers, reasoning-gym, vespo), the RSS after building the run (libraries and weights;
+  the sync engine runs the learner's own module), and the peak less the libraries' RSS.
+
+Every measurement is kept in ``--save`` as it finishes (``--table FILE`` prints the table of a saved
+run), so an interrupted run keeps its repeats.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import resource
 import statistics
 import subprocess
@@ -242,6 +247,12 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     from vespo.heap import return_freed_memory
 
     return_freed_memory()  # as every `vespo` command does (freed tensors go back to the system)
+    import reasoning_gym  # noqa: F401  the libraries the run will use, loaded before the model: their RSS
+    import transformers  # noqa: F401
+    import vespo.tasks.reasoning_gym  # noqa: F401
+    import vespo.trainer.loop  # noqa: F401
+
+    base_rss = rss_bytes()
     cfg = load_config(None, vespo_overrides(steps) + extra)
     s = stepper(cfg)
     built_rss = rss_bytes()
@@ -275,7 +286,7 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
             "rollout_s": phases.seconds["generate"] / steps, "update_s": update_s / steps,
             "update_flops": update_flops / steps, "rollouts": phases.args["generate"], "arch": arch,
             "weight_bytes": sum(p.numel() * p.element_size() for p in s.engine.model.parameters()),
-            "floor_bytes": 4.0 * n_params * 4, "built_rss": built_rss, "peak_rss": peak,
+            "floor_bytes": 4.0 * n_params * 4, "base_rss": base_rss, "built_rss": built_rss, "peak_rss": peak,
             "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
             "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads()}
 
@@ -341,8 +352,6 @@ def trl_run(steps: int) -> dict:
 
 
 def child(args) -> None:
-    import pickle
-
     if args.system == "probe":
         out = probe()
     elif args.system == "trl":
@@ -358,12 +367,12 @@ def child(args) -> None:
 
 
 def measure(system: str, steps: int) -> dict:
-    import pickle
     import tempfile
 
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.NamedTemporaryFile(suffix=".pkl") as out:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--steps", str(steps), "--out", out.name]
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--steps", str(steps), "--out", out.name,
+               "--threads", str(THREADS)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3 * 3600)
         if proc.returncode != 0:
             raise RuntimeError(f"{system}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
@@ -379,31 +388,51 @@ SYSTEMS = ("probe", "vespo", "vespo+gc", "trl")
 
 
 def main() -> None:
+    global THREADS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2, help="timed rollout steps per run (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="a subset of " + ",".join(SYSTEMS))
+    ap.add_argument("--threads", type=int, default=THREADS, help="torch threads of every run (the workload's: 2)")
+    ap.add_argument("--save", default="runs/bench/real_model.pkl",
+                    help="where every finished measurement is kept (a pickle, rewritten after each)")
+    ap.add_argument("--table", metavar="PKL", help="print the table of a saved run and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    THREADS = args.threads
     if args.child:
         args.system = args.child
         return child(args)
+    if args.table:
+        with open(args.table, "rb") as f:
+            runs = pickle.load(f)
+        THREADS = next((r["threads"] for c in ("vespo", "vespo+gc") for r in runs.get(c, [])), THREADS)
+        print(table(runs))
+        return None
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     print(f"{MODEL}, rg:chain_sum {TASK_OPTIONS}; {PROMPTS} prompts x {GROUP}, N = {N}, up to {MAX_NEW} new tokens, "
           f"{THREADS} threads on {os.cpu_count()} cores; load average {load_average()}", flush=True)
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
     for rep in range(args.repeats):
         for system in systems:
             r = measure(system, args.steps)
+            r["load_average"] = os.getloadavg()
             runs[system].append(r)
-            what = (f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s"
-                    if system == "probe" else f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step "
-                    f"({r['step_cpu_s']:.1f} CPU s), "
-                    f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")
-            print(f"  repeat {rep + 1} {system:<9} {what} (load {load_average()})", flush=True)
-    print(f"\nload average at the end {load_average()}\n")
+            with open(args.save, "wb") as f:
+                pickle.dump(runs, f)
+            print(f"  repeat {rep + 1} {system:<9} {progress(system, r)} (load {load_average()})", flush=True)
+    print(f"\nload average at the end {load_average()}; measurements in {args.save}\n")
     print(table(runs))
+
+
+def progress(system: str, r: dict) -> str:
+    if system == "probe":
+        return f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s"
+    parts = f" = rollout {r['rollout_s']:.1f} + updates {r['update_s']:.1f} + other" if "rollout_s" in r else ""
+    return (f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step{parts} ({r['step_cpu_s']:.1f} CPU s), "
+            f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")
 
 
 def table(runs: dict[str, list[dict]]) -> str:
@@ -466,11 +495,15 @@ def table(runs: dict[str, list[dict]]) -> str:
         floor = med(r["floor_bytes"] for r in runs[vespo[0]])
         gib = lambda v: f"{v / 2**30:.2f} GiB"  # noqa: E731
         row("floor: weights + gradients + AdamW moments (float32)", {vespo[0]: gib(floor)})
+        row("RSS of the libraries (before the model)", each("base_rss", gib))
         row("RSS after building the run (libraries, weights, engine)", each("built_rss", gib))
         row("peak RSS while sampling", each("rollout_peak_rss", gib))
         row("peak RSS while updating", each("update_peak_rss", gib))
         row("peak RSS of the process, against the floor",
             each("peak_rss", lambda v: f"{gib(v)} = x{v / floor:.2f}"), "<= x1.5 with checkpointing")
+        row("peak RSS less the libraries' RSS, against the floor",
+            {c: f"{gib(v)} = x{v / floor:.2f}" for c in vespo if "base_rss" in runs[c][0]
+             for v in [med(r["peak_rss"] - r["base_rss"] for r in runs[c])]})
     return "\n".join(out)
 
 
