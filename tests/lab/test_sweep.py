@@ -176,6 +176,23 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
     assert "2 calls, 1 killed (counted to the last time seen alive)" in wall_text([killed, resumed], no_runs)
 
 
+def test_sweep_calls_running_at_once_keep_each_ones_line(tmp_path):
+    """Two `vespo sweep` calls on one directory at once (each on its own points): their heartbeats rewrite
+    sessions.jsonl many times over, and each call's line stays whole (a call that assumed its line was the file's
+    last garbled the other's)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from pathlib import Path; from vespo.lab.provenance import session\n"
+            "with session(Path(sys.argv[1]), sys.argv[2], 1, beat_s=0.002):\n    time.sleep(1.5)\n")
+    calls = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), f"vespo sweep --only seed={i}"])
+             for i in range(2)]
+    assert [call.wait() for call in calls] == [0, 0]
+    lines = [json.loads(line) for line in (tmp_path / "sessions.jsonl").read_text().splitlines()]
+    assert sorted(line["command"] for line in lines) == ["vespo sweep --only seed=0", "vespo sweep --only seed=1"]
+    assert all(line["end"] and line["interrupted"] is False and line["seconds"] >= 1.5 for line in lines)
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     """A run killed in its first seconds leaves metrics.jsonl (empty) and no checkpoint; the next call
     must run it again (with --resume, which starts over when there is no checkpoint) rather than

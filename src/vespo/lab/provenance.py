@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -18,20 +19,24 @@ from vespo.lab.runs import SESSIONS
 @contextlib.contextmanager
 def session(out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
     """``with session(out, command, jobs) as record: ...``; the caller may add fields to ``record``. Its line of
-    sessions.jsonl is rewritten every ``beat_s`` seconds; a call killed outright leaves ``end`` null."""
+    sessions.jsonl is rewritten every ``beat_s`` seconds; a call killed outright leaves ``end`` null. Calls may run
+    at once on one sweep directory (on different points): each rewrites only its own line, under a file lock."""
     path, t0, stop = out / SESSIONS, time.time(), threading.Event()
     record = {"command": command_line, "jobs": jobs, **source_commit(), "machine": machine(), "start": _iso(t0),
               "end": None, "seconds": 0.0, "interrupted": None}
     out.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        offset = f.tell()  # where this call's line starts: rewritten in place from here
-        f.write(json.dumps(record) + "\n")
+    key = (command_line, record["start"])
 
     def write() -> None:
-        with open(path, "r+") as f:  # this call's line is the file's last: keep what came before
-            f.seek(offset)
-            f.truncate()
-            f.write(json.dumps(dict(record)) + "\n")
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            lines = path.read_text().splitlines() if path.is_file() else []
+            at = next((i for i, line in enumerate(lines) if _key(line) == key), len(lines))
+            lines[at:at + 1] = [json.dumps(dict(record))]
+            path.with_suffix(".tmp").write_text("".join(line + "\n" for line in lines))
+            os.replace(path.with_suffix(".tmp"), path)
+
+    write()
 
     def beat() -> None:
         while not stop.wait(beat_s):
@@ -48,6 +53,15 @@ def session(out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
         thread.join()
         record.update(end=_iso(time.time()), seconds=round(time.time() - t0, 1), interrupted=interrupted)
         write()
+
+
+def _key(line: str) -> tuple | None:
+    """(command, start) of a sessions.jsonl line: the call that wrote it."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError:  # a line another version's concurrent calls garbled: kept as it is
+        return None
+    return item.get("command"), item.get("start")
 
 
 def _iso(t: float) -> str:
