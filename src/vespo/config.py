@@ -136,7 +136,7 @@ class AdvantageConfig(Section):
 class LossConfig(Section):
     name: str = "vespo"
     """policy loss (see `vespo.losses.loss_names()`)"""
-    options: Any = {}
+    options: dict = {}
     """options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}, validated into it once (then
     cfg.loss.options is e.g. a VespoConfig); rollout_correction: {mode: ...} acts on pi_old/pi_rollout with mu
     recomputed and, with mu = the engine's log-probs (behavior rollout), as its rejection part on pi/pi_rollout
@@ -152,8 +152,6 @@ class LossConfig(Section):
             cls = get_loss(self.name).config_cls
         except ValueError as e:
             raise ConfigError(f"loss.name: {e}") from None
-        if not isinstance(self.options, dict):
-            raise ConfigError(f"loss.options must be a mapping, got {self.options!r}")
         try:  # validation builds the frozen section's one derived value
             self._given, self.__dict__["options"] = self.options, cls(**self.options)
         except (TypeError, ValueError) as e:  # TypeError: an option the loss does not have
@@ -377,7 +375,7 @@ def from_dict(data: dict) -> Config:
 
 # what a field must be, by the kind of pydantic's error (formatted with its context); other kinds say their type
 MUST = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}", "less_than": "< {lt}",
-        "literal_error": "one of {choices}", "string_pattern_mismatch": "auto, cpu, cuda or cuda:N",
+        "literal_error": "one of {choices}", "string_pattern_mismatch": "auto, cpu, cuda or cuda:N", "dict_type": "a mapping",
         "model_type": "a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...)"}
 
 
