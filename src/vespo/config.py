@@ -39,8 +39,7 @@ Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]  # refused a
 class Section(BaseModel):
     """A config section: typed fields (no silent conversion but int -> float), no unknown keys, immutable."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(Section):
@@ -382,7 +381,7 @@ MUST = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_eq
 def _message(error: dict) -> str:
     """One line for pydantic's first error, naming the field as the YAML writes it."""
     kind, loc, ctx = error["type"], error["loc"], error.get("ctx", {})
-    name, fields = ".".join(str(part) for part in loc), _fields(loc[0] if len(loc) > 1 else None)
+    name, fields = ".".join(str(part) for part in loc), field_schemas(loc[0] if len(loc) > 1 else None)
     if kind == "value_error":  # a rule's own ConfigError
         return str(ctx["error"])
     if kind == "extra_forbidden":  # (loss.options checks its own keys)
@@ -392,7 +391,7 @@ def _message(error: dict) -> str:
     return f"{name} must be {MUST.get(kind, kind.split('_')[0]).format(name=name, **ctx)}, got {error.get('input')!r}"
 
 
-def _fields(section: str | None = None) -> dict[str, dict]:
+def field_schemas(section: str | None = None) -> dict[str, dict]:
     """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
     sections = {f.alias or name: f.annotation for name, f in Config.model_fields.items()}
     return (sections[section] if section else Config).model_json_schema(by_alias=True)["properties"]
@@ -480,10 +479,3 @@ def added_at_default(dotted: str, value: Any) -> bool:
     except (KeyError, TypeError):  # no such field
         return False
 
-
-def describe() -> list[tuple[str, Any, str]]:
-    """(dotted name, default, help and rule) of every field, for `vespo train --help-config`: the rule is the
-    field's pydantic JSON schema (type, enum, minimum, ...)."""
-    return [(f"{section}.{name}", f.get("default"), " ".join(f.get("description", "").split()) + "  " +
-             str({k: v for k, v in f.items() if k not in ("title", "description", "default")}))
-            for section in _fields() for name, f in _fields(section).items()]

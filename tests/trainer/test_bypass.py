@@ -36,10 +36,11 @@ def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no
              "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
 
 
-def test_help_config_says_which_correction_applies_when():
-    from vespo.config import describe
+def test_help_config_says_which_correction_applies_when(capsys):
+    from vespo.trainer.cli import main
 
-    help_of = {name: text for name, _, text in describe()}
+    assert main(["--help-config"]) == 0
+    help_of = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "bypass mode" in help_of["staleness.behavior"] and "pi/pi_rollout" in help_of["staleness.behavior"]
     for words in ("pi_old/pi_rollout with mu recomputed", "rejection part on pi/pi_rollout", "tis_* refused"):
         assert words in help_of["loss.options"]

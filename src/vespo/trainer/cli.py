@@ -28,6 +28,18 @@ def default_config_path() -> str:
     return str(resources.files("vespo").joinpath("configs/demo.yaml"))
 
 
+def print_fields() -> None:
+    """Every config field: its dotted name, default, help text and rule (the field's pydantic JSON schema: type,
+    enum, minimum, ...)."""
+    from vespo.config import field_schemas
+
+    for section in field_schemas():
+        for name, f in field_schemas(section).items():
+            help_ = " ".join(f.get("description", "").split())
+            rule = {k: v for k, v in f.items() if k not in ("title", "description", "default")}
+            print(f"{section + '.' + name:<32} {f.get('default')!r:<28} {help_}  {rule}")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vespo train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (default: the embedded demo)")
@@ -41,11 +53,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = p.parse_args(argv)
 
-    from vespo.config import ConfigError, check_rules, describe, load_config
+    from vespo.config import ConfigError, check_rules, load_config
 
     if args.help_config:
-        for name, default, help_ in describe():
-            print(f"{name:<32} {default!r:<28} {help_}")
+        print_fields()
         return 0
     overrides = list(args.overrides) + ([f"run.mode={args.mode}"] if args.mode else [])
     cfg = load_config(args.config or default_config_path(), overrides)  # a ConfigError is printed by vespo.cli
