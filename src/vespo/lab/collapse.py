@@ -1,7 +1,8 @@
 """Collapse detection (docs/lab.md, Collapse): did a run die, and when? Judged on points taken after the same
 optimizer steps in every run: the held-out evaluations during training (the one before training the starting
-best), else the training reward over windows of ``rule.every`` updates; the EOS rate and skipped updates over
-the same windows. ``rates`` measures the rule on simulated runs of the lab's own schedules: a rising true
+best), else the training reward over windows of ``rule.every`` updates; skipped updates over the same windows.
+The EOS rate is no evidence: a real model that stops ending its answers can still answer right (it is a column
+of the run table instead). ``rates`` measures the rule on simulated runs of the lab's own schedules: a rising true
 accuracy with a slow AR(1) wobble on the logit scale, evaluations drawn binomially (SCENARIOS).
 """
 
@@ -21,7 +22,7 @@ from scipy.special import expit, logit
 
 class Collapse(NamedTuple):
     collapsed: bool
-    reason: str | None = None  # "nonfinite", "reward" or "eos"
+    reason: str | None = None  # "nonfinite" or "reward"
     step: int | None = None  # 1-based evidence point where the collapse began
     update: int | None = None  # optimizer steps taken at that point
     evidence: str | None = None  # "held-out" or "train"
@@ -32,7 +33,6 @@ class CollapseRule:
     fraction: Annotated[float, Field(gt=0, lt=1)] = 0.6  # evidence below fraction x its best so far counts as fallen
     patience: PositiveInt = 1  # fallen for at least this many points through the last
     min_best: float = 0.05  # a best below this is too small to fall from
-    eos_floor: Annotated[float, Field(gt=0, le=1)] = 0.5  # EOS rate below this: "responses stopped ending"
     every: PositiveInt = 64  # updates per window of training rows (the lab's run.eval_every_updates)
 
 
@@ -44,30 +44,25 @@ def describe(rule: CollapseRule = RULE) -> str:
     points = "the last evaluation" if rule.patience == 1 else f"at least the last {rule.patience} evaluations"
     return (f"Collapsed = held-out accuracy (evaluated after the same optimizer steps in every run) below "
             f"{rule.fraction:g} x its best so far (the evaluation before training included; a best below "
-            f"{rule.min_best:g} cannot fall), or a share of responses ending with EOS below {rule.eos_floor:g} over "
-            f"windows of {rule.every} updates, from where it fell through {points}; or non-finite updates. Runs "
+            f"{rule.min_best:g} cannot fall), from where it fell through {points}; or non-finite updates. Runs "
             f"without held-out evaluations during training are judged on their training reward over windows of "
             f"{rule.every} updates instead")
 
 
-def detect_collapse(rewards: Sequence[float], skipped: Sequence[float] | None = None,
-                    eos_rates: Sequence[float] | None = None, stopped_nonfinite: bool = False,
+def detect_collapse(rewards: Sequence[float], skipped: Sequence[float] | None = None, stopped_nonfinite: bool = False,
                     rule: CollapseRule = RULE, start: float | None = None) -> Collapse:
     """The rules on aligned evidence points (index i is point i + 1); ``start`` is the reward before
     the first point, counted in the best so far."""
-    for name, seq in (("skipped", skipped), ("eos_rates", eos_rates)):
-        if seq is not None and len(seq) != len(rewards):
-            raise ValueError(f"{name} has {len(seq)} points but rewards has {len(rewards)}")
+    if skipped is not None and len(skipped) != len(rewards):
+        raise ValueError(f"skipped has {len(skipped)} points but rewards has {len(rewards)}")
     bad = [i for i, (r, s) in enumerate(zip(rewards, skipped or [0.0] * len(rewards)))
            if not math.isfinite(r) or s > 0 or not math.isfinite(s)]
     found = [Collapse(True, "nonfinite", bad[0] + 1 if bad else len(rewards) + 1)] if bad or stopped_nonfinite else []
     best = np.fmax.accumulate(np.r_[start if start is not None and math.isfinite(start) else -np.inf, rewards])[1:]
     fallen = (best >= rule.min_best) & (np.asarray(rewards, dtype=float) < rule.fraction * best)
-    eos = np.asarray(eos_rates, dtype=float) < rule.eos_floor if eos_rates else np.zeros(0, bool)
-    for reason, down in (("reward", fallen), ("eos", eos)):  # the run of fallen points that reaches the end
-        first = len(down) - int(np.argmin(down[::-1])) if len(down) and not down.all() else 0
-        if len(down) and down[-1] and len(down) - first >= rule.patience:
-            found.append(Collapse(True, reason, first + 1))
+    first = len(fallen) - int(np.argmin(fallen[::-1])) if not fallen.all() else 0  # the fallen run reaching the end
+    if len(fallen) and fallen[-1] and len(fallen) - first >= rule.patience:
+        found.append(Collapse(True, "reward", first + 1))
     return min(found, key=lambda c: c.step) if found else Collapse(False)
 
 
@@ -76,7 +71,6 @@ class Evidence(NamedTuple):
     updates: list[int]  # optimizer steps taken at each point
     rewards: list[float]  # held-out sampled accuracy, or the window's mean training reward
     skipped: list[float]  # updates skipped for non-finite values since the previous point
-    eos: list[float] | None  # the window's mean EOS rate (None when the rows have none)
     start: float | None  # held-out accuracy before training (held-out evidence only)
 
 
@@ -90,21 +84,16 @@ def evidence_of_rows(rows: list[dict], n: int, before: float | None = None, rule
     ends = [u for u, r in zip(done, rows) if "eval/reward_sampled" in r] or sorted(
         {min(math.ceil(u / rule.every) * rule.every, max(done)) for u in done})
     windows = [[r for u, r in zip(done, rows) if lo < u <= hi] for lo, hi in zip([0] + ends[:-1], ends)]
-
-    def mean(key: str) -> list[float]:
-        return [float(np.mean([r[key] for r in w])) if w else math.nan for w in windows]
-
     skipped = [sum(float(r.get("optim/n_skipped", 0.0)) for r in w) for w in windows]
-    eos = mean("rollout/eos_rate") if all("rollout/eos_rate" in r for r in rows) else None
-    return Evidence("held-out", ends, evals, skipped, eos, before) if evals else \
-        Evidence("train", ends, mean("reward/mean"), skipped, eos, None)
+    return Evidence("held-out", ends, evals, skipped, before) if evals else Evidence(
+        "train", ends, [float(np.mean([r["reward/mean"] for r in w])) if w else math.nan for w in windows], skipped, None)
 
 
 def collapse_of_rows(rows: list[dict], n: int = 1, before: float | None = None, stopped_nonfinite: bool = False,
                      rule: CollapseRule = RULE) -> Collapse:
     """detect_collapse on a run's evidence, naming the optimizer step where the collapse began."""
     ev = evidence_of_rows(rows, n, before, rule)
-    c = detect_collapse(ev.rewards, ev.skipped, ev.eos, stopped_nonfinite, rule, ev.start)
+    c = detect_collapse(ev.rewards, ev.skipped, stopped_nonfinite, rule, ev.start)
     if not c.collapsed:
         return Collapse(False, evidence=ev.source)
     update = ev.updates[min(c.step, len(ev.updates)) - 1] if ev.updates else 0
