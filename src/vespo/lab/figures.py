@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from vespo.lab.grid import Sweep
 from vespo.lab.runs import LR_AXIS, by_seed, conditions, lr_of, lr_points, lr_text, select
@@ -25,18 +27,10 @@ CURVES = [("reward", "reward/mean", "training reward", False),
           ("grad_norm", "optim/grad_norm_max", "max grad norm per logged step", True)]
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def value_colors(axis: str, values: list[str]) -> dict[str, str]:
     """Colours of an axis's values: a loss's own colour on a loss axis, else evenly along a colormap."""
     if axis in LOSS_AXES:
         return {v: color_of(v) for v in values}
-    import matplotlib
     cmap = matplotlib.colormaps["viridis"]
     return {v: matplotlib.colors.to_hex(cmap(i / max(1, len(values) - 1) * 0.9)) for i, v in enumerate(values)}
 
@@ -88,11 +82,10 @@ def draw_seed_mean(ax, runs: pd.DataFrame, metric: str, label: str, color: str) 
 def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: list[str], metric: str, ylabel: str,
                  logy: bool, out: Path) -> Path:
     """One panel per value of ``panel``; in each, the seed-mean curve (and min-max band) per curve value."""
-    plt = _plt()
     panels = conditions(sweep, runs, [panel] if panel else [])
     cols, rows = min(4, len(panels)), math.ceil(len(panels) / min(4, len(panels)))
-    fig, axs = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * rows), squeeze=False, sharey=True,
-                            constrained_layout=True)
+    fig = Figure(figsize=(3.8 * cols, 3.0 * rows), constrained_layout=True)
+    axs = fig.subplots(rows, cols, squeeze=False, sharey=True)
     colors = value_colors(curves[0], sweep.values[curves[0]]) if curves else {}
     for ax, (key, cell) in zip(axs.flat, panels):
         for ck, sub in conditions(sweep, cell, curves):
@@ -108,17 +101,17 @@ def curve_figure(sweep: Sweep, runs: pd.DataFrame, panel: str | None, curves: li
     axs[0][0].set_ylabel(ylabel)
     axs[0][0].legend(fontsize=7)
     fig.suptitle(f"{sweep.name}: {metric} (seed mean, min-max band)", fontsize=11)
-    return _save(plt, fig, out)
+    fig.savefig(out, dpi=100)
+    return out
 
 
 def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_sampled") -> Path:
     """Left, top: held-out accuracy against N per loss (seed mean, interval band, collapsed runs as x).
     Left, bottom: each loss minus the reference loss at each N, paired by seed, with its interval.
     Right: the training reward per N against optimizer steps."""
-    plt = _plt()
     losses, ns = ([v for v in sweep.values[a] if v in set(runs[a])] for a in ("loss", "N"))
     ref, xs = sweep.reference.get("loss"), [float(n) for n in ns]
-    fig = plt.figure(figsize=(16, 7), constrained_layout=True)
+    fig = Figure(figsize=(16, 7), constrained_layout=True)
     left, right = fig.subfigures(1, 2, width_ratios=[1, 2.1])
     top, bottom = left.subplots(2, 1, sharex=True)
     for loss in losses:
@@ -150,7 +143,8 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     right.suptitle("training reward (seed mean, min-max band)", fontsize=10)
     fig.suptitle(f"{sweep.name}: final accuracy against staleness N, paired differences, and the curves behind them",
                  fontsize=12)
-    return _save(plt, fig, out)
+    fig.savefig(out, dpi=100)
+    return out
 
 
 def _final_vs_x(ax, runs: pd.DataFrame, axis: str, labels: list[str], xs: list[float], metric: str, name: str,
@@ -181,8 +175,8 @@ def _bars(ax, pts: list, color: str, label: str) -> None:
 
 def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_sampled") -> Path:
     """Top: final reward against the learning rate per loss. Bottom: the collapse rate with its exact interval."""
-    plt = _plt()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7.5), sharex=True, constrained_layout=True)
+    fig = Figure(figsize=(7.5, 7.5), constrained_layout=True)
+    top, bottom = fig.subplots(2, 1, sharex=True)
     groups = conditions(sweep, runs, [a for a in sweep.conditions if a != LR_AXIS])
     for i, (key, cell) in enumerate(groups):
         name = ", ".join(key) or "all"
@@ -203,10 +197,5 @@ def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_s
                   "run)", fontsize=9)
     bottom.set(ylabel="collapse rate", ylim=(-0.05, 1.05), xlabel="learning rate")
     bottom.set_title(f"collapse rate against the learning rate ({LEVEL} exact interval)", fontsize=9)
-    return _save(plt, fig, out)
-
-
-def _save(plt, fig, out: Path) -> Path:
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out

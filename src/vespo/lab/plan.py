@@ -10,7 +10,8 @@ import pandas as pd
 import yaml
 
 from vespo.lab.grid import GridPoint, Sweep, SweepError
-from vespo.lab.runs import SESSIONS, read_archive_body, read_sessions, write_run
+from vespo.lab.provenance import write_sessions
+from vespo.lab.runs import read_archive_body, write_run
 
 
 @dataclass
@@ -139,8 +140,5 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
                              f"{sweep.source} now resolves it to {now.get(differs[0])!r}: not the same condition")
         write_run(item, out / name)
         restored += 1
-    seen = {(s.get("start"), s.get("command")) for s in read_sessions(out)}  # add the sessions it lacks
-    with open(out / SESSIONS, "a") as f:
-        f.writelines(json.dumps(s) + "\n" for s in body["record"].get("sessions") or []
-                     if (s.get("start"), s.get("command")) not in seen)
+    write_sessions(out, body["record"].get("sessions") or [], replace=False)  # add the sessions it lacks
     return restored

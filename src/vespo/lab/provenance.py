@@ -19,29 +19,17 @@ from vespo.lab.runs import SESSIONS
 @contextlib.contextmanager
 def session(out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
     """``with session(out, command, jobs) as record: ...``; the caller may add fields to ``record``. Its line of
-    sessions.jsonl is rewritten every ``beat_s`` seconds; a call killed outright leaves ``end`` null. Calls may run
-    at once on one sweep directory (on different points): each rewrites only its own line, under a file lock."""
-    path, t0, stop = out / SESSIONS, time.time(), threading.Event()
+    sessions.jsonl is rewritten every ``beat_s`` seconds; a call killed outright leaves ``end`` null."""
+    t0, stop = time.time(), threading.Event()
     record = {"command": command_line, "jobs": jobs, **source_commit(), "machine": machine(), "start": _iso(t0),
               "end": None, "seconds": 0.0, "interrupted": None}
     out.mkdir(parents=True, exist_ok=True)
-    key = (command_line, record["start"])
-
-    def write() -> None:
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            lines = path.read_text().splitlines() if path.is_file() else []
-            at = next((i for i, line in enumerate(lines) if _key(line) == key), len(lines))
-            lines[at:at + 1] = [json.dumps(dict(record))]
-            path.with_suffix(".tmp").write_text("".join(line + "\n" for line in lines))
-            os.replace(path.with_suffix(".tmp"), path)
-
-    write()
+    write_sessions(out, [record])
 
     def beat() -> None:
         while not stop.wait(beat_s):
             record.update(last_seen=_iso(time.time()), seconds=round(time.time() - t0, 1))
-            write()
+            write_sessions(out, [record])
 
     thread, interrupted = threading.Thread(target=beat, daemon=True), True
     thread.start()
@@ -52,7 +40,23 @@ def session(out: Path, command_line: str, jobs: int, beat_s: float = 60.0):
         stop.set()
         thread.join()
         record.update(end=_iso(time.time()), seconds=round(time.time() - t0, 1), interrupted=interrupted)
-        write()
+        write_sessions(out, [record])
+
+
+def write_sessions(out: Path, records: list[dict], replace: bool = True) -> None:
+    """Each record's line of sessions.jsonl, found by its (command, start): rewritten (kept unless ``replace``),
+    else added. Under a file lock: calls may run at once on one sweep directory (on different points)."""
+    path = out / SESSIONS
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        lines = path.read_text().splitlines() if path.is_file() else []
+        for record in records:
+            key = record.get("command"), record.get("start")
+            at = next((i for i, line in enumerate(lines) if _key(line) == key), len(lines))
+            if replace or at == len(lines):
+                lines[at:at + 1] = [json.dumps(dict(record))]
+        path.with_suffix(".tmp").write_text("".join(line + "\n" for line in lines))
+        os.replace(path.with_suffix(".tmp"), path)
 
 
 def _key(line: str) -> tuple | None:

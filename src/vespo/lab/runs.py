@@ -137,25 +137,21 @@ def result(run: Run) -> dict:
 
 
 def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
-    """The sweeps by name and one table of all their runs (column `sweep` names each run's)."""
+    """The sweeps by name and one table of all their runs, one row per run in grid order (column `sweep` names
+    each run's)."""
     sweeps, frames = {}, []
     for path in paths:
         sweep, runs = read_sweep(path)
         if sweep.name in sweeps:
             raise ValueError(f"two sweep directories are named {sweep.name!r}: {sweeps[sweep.name].source} and {path}")
+        if not runs:
+            raise FileNotFoundError(f"{sweep.source or sweep.name}: no run directories yet")
         sweeps[sweep.name] = sweep
-        frames.append(table(sweep, runs))
+        frame = pd.DataFrame([result(r) for r in runs]).assign(sweep=sweep.name)
+        order = [frame[a.label].astype(str).map({v: i for i, v in enumerate(a.values)}).fillna(len(a.values))
+                 for a in sweep.axes]
+        frames.append(frame.iloc[np.lexsort(order[::-1])])
     return sweeps, pd.concat(frames, ignore_index=True)
-
-
-def table(sweep: Sweep, runs: list[Run]) -> pd.DataFrame:
-    """One row per run in grid order."""
-    if not runs:
-        raise FileNotFoundError(f"{sweep.source or sweep.name}: no run directories yet")
-    frame = pd.DataFrame([result(r) for r in runs]).assign(sweep=sweep.name)
-    order = [frame[a.label].astype(str).map({v: i for i, v in enumerate(a.values)}).fillna(len(a.values))
-             for a in sweep.axes]
-    return frame.iloc[np.lexsort(order[::-1])].reset_index(drop=True)
 
 
 def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
@@ -163,7 +159,8 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     a run the sweep file has since excluded stays out."""
     path, archive = Path(path), Path(path) if Path(path).is_file() else Path(path) / ARCHIVE
     if (path / "sweep.json").is_file():
-        sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), read_sessions(path))
+        sessions = read_jsonl(path / SESSIONS) if (path / SESSIONS).is_file() else []
+        sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), sessions)
         runs = [read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()]
     elif archive.is_file():
         body = read_archive_body(archive)
@@ -184,10 +181,6 @@ def read_run(run_dir: Path) -> Run:
         raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
     return Run(run_dir.name, lab, file("config.yaml", lambda p: load_yaml(p, "run config", ValueError), {}),
                file("summary.json", none={}), file("eval_before.json", none={}), file("metrics.jsonl", read_jsonl))
-
-
-def read_sessions(sweep_dir: Path) -> list[dict]:
-    return read_jsonl(sweep_dir / SESSIONS) if (sweep_dir / SESSIONS).is_file() else []
 
 
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
@@ -237,11 +230,10 @@ def by_seed(runs: pd.DataFrame, metric: str) -> pd.Series:
 
 def select(runs: pd.DataFrame, where: dict) -> pd.DataFrame:
     """The runs whose labels match ``where`` ({axis: value or [values]})."""
-    keep = np.ones(len(runs), dtype=bool)
     for axis, v in where.items():
-        keep &= runs[axis].isin([str(x) for x in (v if isinstance(v, list) else [v])]).to_numpy() if axis in runs \
-            else False
-    return runs[keep]
+        values = [str(x) for x in (v if isinstance(v, list) else [v])]
+        runs = runs[runs[axis].isin(values)] if axis in runs else runs[:0]
+    return runs
 
 
 def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None,
