@@ -85,8 +85,10 @@ def evidence_of_rows(rows: list[dict], n: int, before: float | None = None, rule
         {min(math.ceil(u / rule.every) * rule.every, max(done)) for u in done})
     windows = [[r for u, r in zip(done, rows) if lo < u <= hi] for lo, hi in zip([0] + ends[:-1], ends)]
     skipped = [sum(float(r.get("optim/n_skipped", 0.0)) for r in w) for w in windows]
-    return Evidence("held-out", ends, evals, skipped, before) if evals else Evidence(
-        "train", ends, [float(np.mean([r["reward/mean"] for r in w])) if w else math.nan for w in windows], skipped, None)
+    if evals:
+        return Evidence("held-out", ends, evals, skipped, before)
+    train = [float(np.mean([r["reward/mean"] for r in w])) if w else math.nan for w in windows]
+    return Evidence("train", ends, train, skipped, None)
 
 
 def collapse_of_rows(rows: list[dict], n: int = 1, before: float | None = None, stopped_nonfinite: bool = False,
