@@ -1,8 +1,7 @@
 """Synthetic sweep directories for the lab's tests: real files in the layout `vespo sweep` and
 `vespo train` write (sweep.json, sessions.jsonl, and per run lab.json, config.yaml, metrics.jsonl,
-summary.json), with curves and evaluations chosen by the test; `cells`, a markdown table's cells;
-and `shipped`, every grid point of the shipped sweep files resolved (or waiting for a method not
-yet registered)."""
+summary.json), with curves and evaluations chosen by the test; and `shipped`, every grid point of the
+shipped sweep files resolved (or waiting for a method not yet registered)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,6 @@ from vespo.config import ConfigError, load_config
 from vespo.lab.grid import load_sweep
 
 LAB = Path(__file__).resolve().parents[2] / "configs" / "lab"
-
-
-def cells(markdown: str) -> list[list[str]]:
-    """The rows of a markdown (pipe) table as lists of cell texts, the header first, the rule left out."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.strip().splitlines()]
-    return [r for r in rows if not all(set(c) <= set("-: ") for c in r)]
 
 
 class SyntheticSweep:

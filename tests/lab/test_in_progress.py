@@ -16,7 +16,7 @@ from vespo.lab.grid import load_sweep
 from vespo.lab.runs import ARCHIVE, read_lab
 from vespo.lab.plan import run_overrides, write_record
 
-from conftest import cells
+from markdown_table import cells
 
 SWEEP = Path(__file__).resolve().parents[2] / "configs" / "lab" / "real_staleness.yaml"
 # (seed, N, loss) -> final held-out accuracy; None: started, not finished. DPPO-TV never ran.

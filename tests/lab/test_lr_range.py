@@ -5,7 +5,7 @@ from vespo.lab import report
 from vespo.lab.runs import read_lab
 from vespo.lab.runs import lr_points, lr_text
 
-from conftest import cells
+from markdown_table import cells
 
 LRS = {"5e-5": 5e-5, "1e-4": 1e-4, "2e-4": 2e-4}
 HEALTHY, DEAD = [0.3, 0.4, 0.5, 0.55], [0.3, 0.4, 0.05, 0.0]  # DEAD falls below 0.6 x its best at row 3

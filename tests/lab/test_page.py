@@ -10,7 +10,7 @@ import yaml
 from vespo.lab import collapse, report, stats
 from vespo.lab.runs import read_lab
 
-from conftest import cells
+from markdown_table import cells
 
 
 def _sweeps(synthetic):

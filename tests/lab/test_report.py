@@ -10,7 +10,7 @@ from vespo.lab.grid import Axis, Sweep
 from vespo.lab.runs import by_seed, read_lab
 from vespo.lab.stats import ci_text, mean_ci, paired
 
-from conftest import cells
+from markdown_table import cells
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

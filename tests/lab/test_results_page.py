@@ -12,7 +12,7 @@ import pytest
 
 from vespo.lab.report import write_page
 
-from conftest import cells
+from markdown_table import cells
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
