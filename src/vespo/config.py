@@ -374,7 +374,8 @@ def from_dict(data: dict) -> Config:
 
 # what a field must be, by the kind of pydantic's error (formatted with its context); other kinds say their type
 MUST = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}", "less_than": "< {lt}",
-        "literal_error": "one of {choices}", "string_pattern_mismatch": "auto, cpu, cuda or cuda:N", "dict_type": "a mapping",
+        "literal_error": "one of {choices}", "string_pattern_mismatch": "auto, cpu, cuda or cuda:N",
+        "dict_type": "a mapping",
         "model_type": "a mapping ({name} is a section: set one of its fields, e.g. {name}.<field>=...)"}
 
 
