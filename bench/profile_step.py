@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 python bench/profile_step.py --arch qwen3_moe --max-new 64
     OMP_NUM_THREADS=1 python bench/profile_step.py --lab                    # the lab's N = 32 setting
     OMP_NUM_THREADS=1 python bench/profile_step.py run.compile=false        # any config override
+    OMP_NUM_THREADS=1 python bench/profile_step.py --ops 15                 # and the 15 costliest torch operators
 
 The bench setting is bench/train_step.py's (P = 16 prompts x G = 8, N = 4, untrained model, 2-digit
 addition); --lab is bench/lab_runs.py's (reverse 16 letters, 2048 responses per rollout batch, N = 32
@@ -122,6 +123,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--wall", action="store_true", help="time stages by the wall clock instead of CPU time "
                     "(with several threads, CPU time counts every thread, spinning included)")
+    ap.add_argument("--ops", type=int, default=0, metavar="K", help="after the timed steps, one more step under "
+                    "torch.profiler: its K operators with the most self CPU time")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     from steps import stepper
@@ -151,6 +154,10 @@ def main() -> None:
     print(f"{'total':<28}{total / args.steps:11.4f}   ({wall / args.steps:.4f} s/step wall, "
           f"{tokens / total:.0f} tokens per {'s' if args.wall else 'CPU-s'})")
     print(f"{'host syncs':<28}{counter['host syncs'] / args.steps:11.0f} per step")
+    if args.ops:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            parts.step(args.warmup + args.steps)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.ops))
 
 
 if __name__ == "__main__":
