@@ -39,7 +39,7 @@ def test_named_axis_of_override_bundles_and_a_base_file(tmp_path):
 
 
 @pytest.mark.parametrize("data, match", [
-    ({"grid": {}}, "grid must be a non-empty mapping"),
+    ({"grid": {}}, "grid: Dictionary should have at least 1 item"),
     ({"grid": {"staleness.n": []}}, "grid.staleness.n must be a non-empty list"),
     ({"grid": {"v": {"a": "loss.name=grpo"}}}, "grid.v.a must be a list"),
     ({"grid": {"staleness.n": [1]}, "overrides": ["nonsense"]}, "overrides.0: .*'nonsense' is not a 'section.field"),
@@ -178,8 +178,9 @@ def test_reference_and_cost(tmp_path):
 
 
 @pytest.mark.parametrize("data, match", [
-    ({"grid": {"staleness.n": [1]}, "reference": {"N": "8"}}, "reference N=8 is not a value of a grid axis"),
-    ({"grid": {"staleness.n": [1]}, "reference": {"N": "1", "seed": "0"}}, "reference must be one"),
+    ({"grid": {"staleness.n": [1]}, "reference": {"N": "8"}}, r"reference: N=\['8'\] is not on the grid"),
+    ({"grid": {"staleness.n": [1]}, "reference": {"N": "1", "seed": "0"}},
+     "reference: Dictionary should have at most 1"),
     ({"grid": {"staleness.n": [1]}, "cost": {"jobs": 2}}, "cost.run_s: Field required"),
     ({"grid": {"staleness.n": [1]}, "cost": {"run_s": -1}}, "cost.run_s: Input should be greater than 0"),
 ])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 from vespo.config import load_yaml
 from vespo.errors import UserError
@@ -61,9 +61,9 @@ class _File(BaseModel):
     description: str = ""
     base: str | dict = {}
     overrides: list[Override] = []
-    reference: dict[str, Any] | None = None
+    reference: Annotated[dict[str, Any], Field(min_length=1, max_length=1)] | None = None  # one axis: value
     cost: Cost | None = None
-    grid: dict[str, Any]
+    grid: Annotated[dict[str, Any], Field(min_length=1)]
     exclude: list[dict[str, Any]] = []
 
 
@@ -72,6 +72,9 @@ class Axis:
     label: str  # "loss", "N", "seed", ...
     values: list[str]  # value labels, in the file's order
     overrides: list[list[str]] = field(default_factory=list)  # overrides of each value
+
+    def __post_init__(self):
+        self.overrides = self.overrides or [[] for _ in self.values]  # none given (a record may leave them out)
 
 
 @dataclass
@@ -114,14 +117,13 @@ class Sweep:
         return [p for p in points if not excluded(p.labels, self.exclude)]
 
     def record(self) -> dict:
-        return {k: [asdict(a) for a in self.axes] if k == "axes" else getattr(self, k) for k in RECORD
-                if k != "description" or self.description}
+        fields = asdict(self)
+        return {k: fields[k] for k in RECORD if k != "description" or self.description}
 
     @classmethod
     def from_record(cls, r: dict, sessions: list[dict] | None = None) -> Sweep:
-        axes = [Axis(a["label"], a["values"], a.get("overrides") or [[] for _ in a["values"]]) for a in r["axes"]]
-        return cls(r["name"], axes, {}, r.get("overrides", []), r.get("source", ""), r.get("reference") or {}, None,
-                   r.get("exclude", []), r.get("description", ""), sessions or [])
+        given = {k: r[k] for k in RECORD if r.get(k) is not None}
+        return cls(**(given | {"axes": [Axis(**a) for a in r["axes"]]}), sessions=sessions or [])
 
 
 def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
@@ -141,13 +143,21 @@ def load_sweep(path: str | Path) -> Sweep:
         f.base = load_yaml(path.parent / f.base, "base config", SweepError)
     axes = _axes(f.grid, path)
     values = {a.label: a.values for a in axes}
-    return Sweep(f.name or path.stem, axes, f.base, f.overrides, str(path), _reference(f.reference, values, path),
-                 f.cost, _exclude(f.exclude, values, path), " ".join(f.description.split()))
+    if f.reference is None:  # by default, VESPO where the grid has it
+        f.reference = {"loss": "vespo"} if "vespo" in values.get("loss", []) else {}
+    reference = {axis: str(value) for axis, value in f.reference.items()}
+    exclude = [{axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in e.items()}
+               for e in f.exclude]
+    named = [("reference", {axis: [value] for axis, value in reference.items()})]  # values that must be on the grid
+    for where, entry in named + [(f"exclude[{i}]", e) for i, e in enumerate(exclude)]:
+        for axis, vs in entry.items():
+            if bad := set(vs) - set(values.get(axis, [])):
+                raise SweepError(f"{path}: {where}: {axis}={sorted(bad)} is not on the grid; axes: {values}")
+    return Sweep(f.name or path.stem, axes, f.base, f.overrides, str(path), reference, f.cost, exclude,
+                 " ".join(f.description.split()))
 
 
 def _axes(grid: dict, path: Path) -> list[Axis]:
-    if not grid:
-        raise SweepError(f"{path}: grid must be a non-empty mapping of axes")
     axes = []
     for key, spec in grid.items():
         if not spec or not isinstance(spec, (list, dict)):
@@ -163,26 +173,6 @@ def _axes(grid: dict, path: Path) -> list[Axis]:
     if len({a.label for a in axes}) != len(axes):
         raise SweepError(f"{path}: two grid axes share a label: {[a.label for a in axes]}")
     return axes
-
-
-def _reference(ref: dict | None, values: dict[str, list[str]], path: Path) -> dict[str, str]:
-    if ref is None:
-        return {"loss": "vespo"} if "vespo" in values.get("loss", []) else {}
-    if len(ref) != 1:
-        raise SweepError(f"{path}: reference must be one 'axis: value' pair, e.g. {{loss: vespo}}; got {ref!r}")
-    (axis, value), = ref.items()
-    if str(value) not in values.get(axis, []):
-        raise SweepError(f"{path}: reference {axis}={value} is not a value of a grid axis; axes: {values}")
-    return {axis: str(value)}
-
-
-def _exclude(exclude: list[dict], values: dict[str, list[str]], path: Path) -> list[dict[str, list[str]]]:
-    out = [{axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in e.items()} for e in exclude]
-    for i, entry in enumerate(out):
-        for axis, vs in entry.items():
-            if bad := set(vs) - set(values.get(axis, [])):
-                raise SweepError(f"{path}: exclude[{i}]: {axis}={sorted(bad)} is not on the grid; axes: {values}")
-    return out
 
 
 def _label(value: Any, override: bool = False) -> str:

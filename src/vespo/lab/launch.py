@@ -70,17 +70,16 @@ def _run_on_node(args: list[str], log: str) -> int:
 def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_local) -> int:
     """Run the pending jobs ``n_jobs`` at a time; returns how many failed."""
     pending = [j for j in jobs if j.action in ("start", "resume")]
-    locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key}
+    locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key} | {"": contextlib.nullcontext()}
 
     def one(job: Job) -> int:
-        lock = locks.get(job.warm_key)
-        with lock or contextlib.nullcontext():  # the first of a warm start's runs holds it until the file is there
+        with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
             job.run_dir.mkdir(parents=True, exist_ok=True)
             print(f"  {job.action:<7} {job.point.name}", flush=True)
             job.started = time.time()
             _write_lab(job, {"status": "running", "started": job.started})
             run = start(command(job, out)[1:], job.run_dir / "train.log")  # the node's own Python runs it
-            while lock is not None and not Path(job.warm_key).is_file() and run.poll() is None:
+            while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
         return finish(job, run.wait())
 

@@ -49,22 +49,21 @@ def write_sessions(out: Path, records: list[dict], replace: bool = True) -> None
     path = out / SESSIONS
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        lines = path.read_text().splitlines() if path.is_file() else []
+        lines = {_key(line): line for line in path.read_text().splitlines()} if path.is_file() else {}
         for record in records:
             key = record.get("command"), record.get("start")
-            at = next((i for i, line in enumerate(lines) if _key(line) == key), len(lines))
-            if replace or at == len(lines):
-                lines[at:at + 1] = [json.dumps(dict(record))]
-        path.with_suffix(".tmp").write_text("".join(line + "\n" for line in lines))
+            if replace or key not in lines:
+                lines[key] = json.dumps(dict(record))  # a copy: the heartbeat's thread may write it meanwhile
+        path.with_suffix(".tmp").write_text("".join(line + "\n" for line in lines.values()))
         os.replace(path.with_suffix(".tmp"), path)
 
 
-def _key(line: str) -> tuple | None:
+def _key(line: str) -> tuple | str:
     """(command, start) of a sessions.jsonl line: the call that wrote it."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError:  # a line another version's concurrent calls garbled: kept as it is
-        return None
+        return line
     return item.get("command"), item.get("start")
 
 
@@ -78,10 +77,10 @@ def source_commit() -> dict:
     import vespo
 
     source = Path(vespo.__file__).resolve().parent
-    for root in (_git(where, "rev-parse", "--show-toplevel") for where in (source, Path.cwd())):
-        if root:
-            dirty = bool(_git(Path(root), "status", "--porcelain", "--", "src", "configs"))
-            return {"commit": _git(Path(root), "rev-parse", "HEAD"), "dirty": dirty, "source": str(source)}
+    for where in (source, Path.cwd()):
+        if commit := _git(where, "rev-parse", "HEAD"):
+            dirty = bool(_git(where, "status", "--porcelain", "--", ":/src", ":/configs"))  # ":/": from the top
+            return {"commit": commit, "dirty": dirty, "source": str(source)}
     return {"commit": None, "dirty": None, "source": str(source)}
 
 

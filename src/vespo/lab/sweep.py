@@ -16,6 +16,7 @@ warm-start cache on a file system every node sees); runs sharing a warm start wa
 
 
 import argparse
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -63,12 +64,10 @@ def main(argv: list[str]) -> int:
         for job in (j for j in jobs if j.action in ("start", "resume")):
             print(" ".join(command(job, out)))
         return 0
-    start = RayStarter(args.ray_address, args.run_cpus, args.run_gpus, args.jobs) if args.ray_address else start_local
-    with session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record:
-        try:
-            failed = run_all(jobs, out, args.jobs, start)
-        finally:
-            getattr(start, "close", lambda: None)()
+    starter = (contextlib.closing(RayStarter(args.ray_address, args.run_cpus, args.run_gpus, args.jobs))
+               if args.ray_address else contextlib.nullcontext(start_local))
+    with starter as start, session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record:
+        failed = run_all(jobs, out, args.jobs, start)
         record.update(runs=sum(j.action in ("start", "resume") for j in jobs), failed=failed)
     print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
     return 1 if failed else 0
