@@ -73,28 +73,25 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
     locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key} | {"": contextlib.nullcontext()}
 
     def one(job: Job) -> int:
+        log = job.run_dir / "train.log"
         with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
             job.run_dir.mkdir(parents=True, exist_ok=True)
             print(f"  {job.action:<7} {job.point.name}", flush=True)
-            job.started = time.time()
-            _write_lab(job, {"status": "running", "started": job.started})
-            run = start(command(job, out)[1:], job.run_dir / "train.log")  # the node's own Python runs it
+            started = time.time()
+            _write_lab(job, {"status": "running", "started": started})
+            run = start(command(job, out)[1:], log)  # the node's own Python runs it
             while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
-        return finish(job, run.wait())
+        returncode = run.wait()
+        ok, tail = returncode == 0, (log.read_text(errors="replace")[-4000:] if log.exists() else "")
+        _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode, "started": started,
+                         "ended": time.time(), "stopped_nonfinite": (not ok) and "NonFiniteError" in tail})
+        failed = f" (exit {returncode}; see {log})"
+        print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else failed), flush=True)
+        return 0 if ok else 1
 
     with ThreadPoolExecutor(max(1, n_jobs)) as pool:
         return sum(pool.map(one, pending))
-
-
-def finish(job: Job, returncode: int) -> int:
-    ok, log = returncode == 0, job.run_dir / "train.log"
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-    _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode, "started": job.started,
-                     "ended": time.time(), "stopped_nonfinite": (not ok) and "NonFiniteError" in tail})
-    print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else f" (exit {returncode}; see {log})"),
-          flush=True)
-    return 0 if ok else 1
 
 
 def _write_lab(job: Job, extra: dict) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from vespo.config import ConfigError, added_at_default, load_config, to_dict
 from vespo.lab.grid import GridPoint, Sweep, SweepError
 from vespo.lab.provenance import write_sessions
 from vespo.lab.runs import read_archive_body, write_run
@@ -21,7 +22,6 @@ class Job:
     action: str  # "skip" (done), "failed" (kept), "resume", "start"
     warm_key: str = ""  # warm-start cache file this run reads or writes
     protocol: dict | None = None  # the paper's terms: N, mini-batch, rollout batch, steps, samples
-    started: float | None = None  # when its process was launched (time.time)
 
 
 def run_overrides(point: GridPoint, run_dir: Path) -> list[str]:
@@ -72,8 +72,6 @@ def _warm_key(cfg) -> str:
 
 
 def _config(sweep: Sweep, out: Path, point: GridPoint):
-    from vespo.config import ConfigError, load_config
-
     try:
         return load_config(out / "base.yaml", run_overrides(point, out / point.name))
     except ConfigError as e:
@@ -113,8 +111,6 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
     """Write back into ``out`` the finished runs of ``sweep`` that its archive holds and ``out`` lacks (and the
     archive's sessions), so that planning skips them. Refuses an archive of another sweep, a run that is not a
     point of the grid, or one made with other overrides or another resolved config than the grid gives it now."""
-    from vespo.config import added_at_default, to_dict
-
     body = read_archive_body(archive)
     if body["record"].get("name") != sweep.name:
         raise SweepError(f"{archive} is the archive of sweep {body['record'].get('name')!r}, not {sweep.name!r} "

@@ -11,8 +11,10 @@ import subprocess
 import threading
 import time
 from datetime import datetime, timezone
+from importlib.metadata import version
 from pathlib import Path
 
+import vespo
 from vespo.lab.runs import SESSIONS
 
 
@@ -74,8 +76,6 @@ def _iso(t: float) -> str:
 def source_commit() -> dict:
     """{"commit", "dirty", "source"}: the git commit of the vespo code being run (the repository holding the
     package, else the current directory); dirty if src/ or configs/ have changes."""
-    import vespo
-
     source = Path(vespo.__file__).resolve().parent
     for where in (source, Path.cwd()):
         if commit := _git(where, "rev-parse", "HEAD"):
@@ -93,7 +93,6 @@ def _git(where: Path, *args: str) -> str:
 
 
 def machine() -> dict:
-    from importlib.metadata import version  # torch is a dependency: installed where vespo is
-
     return {"node": platform.node(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": version("torch")}
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": version("torch")}  # torch is a dependency: installed where vespo is
