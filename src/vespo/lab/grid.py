@@ -117,8 +117,8 @@ class Sweep:
         return [p for p in points if not excluded(p.labels, self.exclude)]
 
     def record(self) -> dict:
-        fields = asdict(self)
-        return {k: fields[k] for k in RECORD if k != "description" or self.description}
+        data = asdict(self)
+        return {k: data[k] for k in RECORD if k != "description" or self.description}
 
     @classmethod
     def from_record(cls, r: dict, sessions: list[dict] | None = None) -> Sweep:
