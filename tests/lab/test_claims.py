@@ -271,7 +271,7 @@ def test_malformed_claims_name_the_claim(tmp_path, entry, match):
 
 def test_a_selection_outside_the_grid_is_named(tmp_path, synthetic):
     lab = _sweep(synthetic, {"vespo": [0.5, 0.4], "grpo": [0.5, 0.4]})
-    with pytest.raises(cl.ClaimsError, match=r"claim 1: sweep 'st': loss=\['sapo'\] not in the grid's values"):
+    with pytest.raises(cl.ClaimsError, match=r"claim 1: sweep 'st': loss=\['sapo'\] is not on the grid"):
         _judge(tmp_path, lab, [_compare({"loss": "sapo"}, "greater")])
 
 

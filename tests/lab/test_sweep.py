@@ -125,7 +125,7 @@ def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path,
 
 def test_only_rejects_values_outside_the_grid(tmp_path, capsys):
     assert sweep.main([str(QUICK), "--out", str(tmp_path / "x"), "--dry-run", "--only", "N=64"]) == 2
-    assert "not in grid axis N" in capsys.readouterr().err
+    assert "N=['64'] is not on the grid" in capsys.readouterr().err
 
 
 def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):

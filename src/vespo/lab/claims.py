@@ -18,7 +18,7 @@ import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, ValidationError
 
 from vespo.config import load_yaml
-from vespo.lab.grid import SEED_AXIS, Sweep, one_line
+from vespo.lab.grid import SEED_AXIS, Sweep, off_grid, one_line
 from vespo.lab.runs import METRICS, by_seed, select
 from vespo.lab.stats import FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci, \
     p_value, paired, rate_ci
@@ -306,29 +306,23 @@ def check_claims(claims: Claims, sweeps: dict[str, Sweep], strict: bool = True) 
             continue
         values, over, control = sweeps[c.sweep].values, getattr(c, "over", None), getattr(c, "control", None)
         try:
-            if over is not None:
-                check_where(values, {over: []})
+            if over is not None and over not in values:
+                raise ValueError(f"no axis {over!r}; axes: {list(values)}")
             if isinstance(c, Across) and c.kind in ("increasing", "decreasing"):
                 [math.log2(float(v)) for v in values[over]]
             for side in [c.a, *c.b] if hasattr(c, "a") else [c.select]:
-                check_where(values, side)
+                if bad := off_grid(values, side):
+                    raise ValueError(bad)
                 free = [a for a in values if a not in (SEED_AXIS, over) and len(values[a]) > 1 and a not in side]
                 if free and not isinstance(c, Collapses):
                     raise ValueError(f"{side} leaves the axis/axes {free} open; a comparison names one condition")
             if control is not None and (strict or control.sweep in sweeps):
                 if control.sweep not in sweeps:
                     raise ValueError(f"control sweep {control.sweep!r} is not one of {sorted(sweeps)}")
-                check_where(sweeps[control.sweep].values, control.where)
+                if bad := off_grid(sweeps[control.sweep].values, control.where):
+                    raise ValueError(bad)
         except ValueError as e:
             raise ClaimsError(f"{c.where}: sweep {c.sweep!r}: {e}") from None
-
-
-def check_where(values: dict[str, list[str]], where: Where) -> None:
-    for axis, v in where.items():
-        bad = [str(x) for x in (v if isinstance(v, list) else [v]) if str(x) not in values.get(axis, [])]
-        if axis not in values or bad:
-            raise ValueError(f"{axis}={bad} not in the grid's values {values[axis]}" if axis in values else
-                             f"no axis {axis!r}; axes: {list(values)}")
 
 
 def evaluate(claims: Claims, sweeps: dict[str, Sweep], runs: pd.DataFrame) -> list[Verdict]:

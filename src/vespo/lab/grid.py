@@ -126,6 +126,15 @@ class Sweep:
         return cls(**(given | {"axes": [Axis(**a) for a in r["axes"]]}), sessions=sessions or [])
 
 
+def off_grid(values: dict[str, list[str]], where: dict) -> str:
+    """What of ``where`` ({axis: value or [values]}) a grid with these axes and values lacks; "" if nothing."""
+    for axis, v in where.items():
+        bad = sorted({str(x) for x in (v if isinstance(v, list) else [v])} - set(values.get(axis, [])))
+        if axis not in values or bad:
+            return f"{axis}={bad} is not on the grid; axes: {values}"
+    return ""
+
+
 def excluded(labels: dict[str, str], exclude: list[dict[str, list[str]]]) -> bool:
     return any(all(labels.get(axis) in values for axis, values in entry.items()) for entry in exclude)
 
@@ -148,11 +157,9 @@ def load_sweep(path: str | Path) -> Sweep:
     reference = {axis: str(value) for axis, value in f.reference.items()}
     exclude = [{axis: [_label(x) for x in (v if isinstance(v, list) else [v])] for axis, v in e.items()}
                for e in f.exclude]
-    named = [("reference", {axis: [value] for axis, value in reference.items()})]  # values that must be on the grid
-    for where, entry in named + [(f"exclude[{i}]", e) for i, e in enumerate(exclude)]:
-        for axis, vs in entry.items():
-            if bad := set(vs) - set(values.get(axis, [])):
-                raise SweepError(f"{path}: {where}: {axis}={sorted(bad)} is not on the grid; axes: {values}")
+    for where, entry in [("reference", reference), *((f"exclude[{i}]", e) for i, e in enumerate(exclude))]:
+        if bad := off_grid(values, entry):
+            raise SweepError(f"{path}: {where}: {bad}")
     return Sweep(f.name or path.stem, axes, f.base, f.overrides, str(path), reference, f.cost, exclude,
                  " ".join(f.description.split()))
 

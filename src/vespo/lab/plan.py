@@ -10,7 +10,7 @@ import pandas as pd
 import yaml
 
 from vespo.config import ConfigError, added_at_default, load_config, to_dict
-from vespo.lab.grid import GridPoint, Sweep, SweepError
+from vespo.lab.grid import GridPoint, Sweep, SweepError, off_grid
 from vespo.lab.provenance import write_sessions
 from vespo.lab.runs import read_archive_body, write_run
 
@@ -34,10 +34,8 @@ def parse_only(items: list[str], sweep: Sweep) -> dict[str, set[str]]:
     axes, only = sweep.values, {}
     for item in items:
         label, _, values = item.partition("=")
-        if label not in axes or not values:
-            raise SweepError(f"--only {item!r}: expected AXIS=V1,V2 with AXIS one of {sorted(axes)}")
-        if bad := set(values.split(",")) - set(axes[label]):
-            raise SweepError(f"--only {item!r}: {sorted(bad)} not in grid axis {label} {axes[label]}")
+        if bad := off_grid(axes, {label: values.split(",")}):
+            raise SweepError(f"--only {item!r}: {bad}")
         only[label] = set(values.split(","))
     return only
 
