@@ -116,10 +116,15 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
 
 def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None, curve: str | None = None,
                 draw: bool = True) -> list[Path]:
-    """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
+    """A sweep's figures, report.md (the template's report section: its tables, every run, its figures) and
+    archive in ``out``; files there that this did not write are removed."""
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(sweep, runs, out, panel, curve) if draw else []
-    (out / "report.md").write_text(sweep_markdown(sweep, runs, figures))
+    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
+    (out / "report.md").write_text(REPORT.format(
+        name=sweep.name, runs=len(runs), seeds=f", seeds {', '.join(seeds)}" if seeds else "", **WORDS,
+        tables=sweep_tables(sweep, runs), run_table=run_table(sweep, runs),
+        figures="".join(f"![{f.stem}]({f.name})\n" for f in figures)))
     made = {out / "report.md", write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
     for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
         stale.unlink()
@@ -230,14 +235,6 @@ def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> str:
     tables = [paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
     return "\n\n".join([*filter(None, [sweep.description, condition_table(sweep, runs)]),
                         *(f"{head}\n\n{table}" for head, table in zip(heads, tables) if table)])
-
-
-def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
-    """report.md (the template's report section): the sweep's tables, every run, its figures."""
-    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
-    return REPORT.format(name=sweep.name, runs=len(runs), seeds=f", seeds {', '.join(seeds)}" if seeds else "",
-                         **WORDS, tables=sweep_tables(sweep, runs), run_table=run_table(sweep, runs),
-                         figures="".join(f"![{f.stem}]({f.name})\n" for f in figures))
 
 
 # ---------------------------------------------------------------- how numbers are judged
