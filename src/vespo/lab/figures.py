@@ -115,7 +115,8 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     left, right = fig.subfigures(1, 2, width_ratios=[1, 2.1])
     top, bottom = left.subplots(2, 1, sharex=True)
     for loss in losses:
-        _final_vs_x(top, select(runs, {"loss": loss}), "N", ns, xs, metric, display_name(loss), color_of(loss))
+        _final_vs_x(top, [(x, select(runs, {"loss": loss, "N": n})) for x, n in zip(xs, ns)], metric,
+                    display_name(loss), color_of(loss))
     top.set_title(f"held-out accuracy after training (seed mean, {LEVEL} band; x = collapsed run)", fontsize=9)
     for i, loss in enumerate(x for x in losses if x != ref and ref is not None):
         shift = 2 ** ((i - (len(losses) - 2) / 2) * 0.06)  # spread the bars a little around each N
@@ -147,17 +148,13 @@ def headline_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "
     return out
 
 
-def _final_vs_x(ax, runs: pd.DataFrame, axis: str, labels: list[str], xs: list[float], metric: str, name: str,
-                color: str) -> None:
-    """Seed mean with its interval at each x, and the collapsed runs as x markers."""
-    pts = []
-    for label, x in zip(labels, xs):
-        cell = runs[runs[axis] == label]
+def _final_vs_x(ax, cells: list[tuple[float, pd.DataFrame]], metric: str, name: str, color: str) -> None:
+    """Seed mean with its interval at each x of ``cells`` [(x, runs)], and the collapsed runs as x markers."""
+    for x, cell in cells:
         if len(cell):
-            pts.append((x, mean_ci(by_seed(cell, metric))))
             dead = cell[cell.usable & cell.collapsed][metric]
             ax.scatter([x] * len(dead), dead, marker="x", color=color, s=22, linewidths=1)
-    pts = [(x, ci) for x, ci in pts if math.isfinite(ci.mean)]
+    pts = [(x, ci) for x, ci in ((x, mean_ci(by_seed(cell, metric))) for x, cell in cells) if math.isfinite(ci.mean)]
     if pts:
         ax.plot([x for x, _ in pts], [c.mean for _, c in pts], "o-", color=color, label=name, linewidth=1.4,
                 markersize=3.5)
@@ -180,9 +177,8 @@ def lr_figure(sweep: Sweep, runs: pd.DataFrame, out: Path, metric: str = "eval_s
     groups = conditions(sweep, runs, [a for a in sweep.conditions if a != LR_AXIS])
     for i, (key, cell) in enumerate(groups):
         name = ", ".join(key) or "all"
-        points = lr_points(cell)
-        _final_vs_x(top, cell.assign(lr_value=lr_of(cell).astype(str)), "lr_value", [str(x) for x in points.index],
-                    list(points.index), metric, display_name(name), color_of(name))
+        points, cell_lr = lr_points(cell), lr_of(cell)
+        _final_vs_x(top, [(x, cell[cell_lr == x]) for x in points.index], metric, display_name(name), color_of(name))
         _bars(bottom, [(lr * 2 ** ((i - (len(groups) - 1) / 2) * 0.03), rate_ci(int(p.collapsed), int(p.runs)))
                        for lr, p in points.iterrows() if p.runs], color_of(name), display_name(name))
     lrs = sorted(set(lr_of(runs)))

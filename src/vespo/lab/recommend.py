@@ -38,11 +38,9 @@ class Pick:
     @property
     def leader(self) -> str | None:
         """The one candidate ahead of every other compared."""
-        i = self.top[0] if len(self.top) == 1 and len(self.groups) > 1 else None
-        if i is None or len(self.groups[i]) > 1 or any((i, j) not in self.ahead for j in range(len(self.groups))
-                                                       if j != i):
-            return None
-        return self.groups[i][0]
+        n = len(self.groups)
+        return next((g[0] for i, g in enumerate(self.groups) if n > 1 and len(g) == 1
+                     and all((i, j) in self.ahead for j in range(n) if j != i)), None)
 
     @property
     def named(self) -> str | None:  # the leader, when every candidate could be compared

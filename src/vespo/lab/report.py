@@ -37,8 +37,13 @@ from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
-PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE, REPORT, TABLES = re.split(  # the words of the page and the reports
+# the words of the page and the reports, one string per section of the template
+PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE, SWEEP, SESSIONS, REPORT, TABLES = re.split(
     r"\n<!-- the \w+ section -->\n", Path(__file__).with_name("page.md").read_text().rstrip("\n"))
+WORDS = {"level": LEVEL, "method": stats.METHOD, "reps": stats.COVERAGE_REPS, "min_seeds": stats.MIN_SEEDS,
+         "alpha": stats.FAMILY_ERROR, "robust_share": cl.ROBUST_SHARE, "robust_seeds": cl.ROBUST_SEEDS,
+         "band": SETTLED_BAND, "target": TARGET_REWARD, "window": TARGET_WINDOW,
+         "rule": collapse.describe()}  # the constants the template's words name, given to every section
 
 
 def main(argv: list[str]) -> int:
@@ -46,12 +51,12 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                    help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a folder holding one)")
-    p.add_argument("--out", help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with --page: "
-                                 "results/ beside the page, one folder per sweep)")
+    p.add_argument("--out", type=Path, help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with "
+                                            "--page: results/ beside the page, one folder per sweep)")
     p.add_argument("--panel", help="grid axis with one panel per value (default: loss)")
     p.add_argument("--curve", help="grid axis with one curve per value (default: N)")
-    p.add_argument("--page", help="write the results page (markdown) over all the sweeps")
-    p.add_argument("--claims", help="claims file for the page's claims table (configs/lab/claims.yaml)")
+    p.add_argument("--page", type=Path, help="write the results page (markdown) over all the sweeps")
+    p.add_argument("--claims", type=Path, help="claims file for the page's claims table (configs/lab/claims.yaml)")
     args = p.parse_args(argv)
     files = [d for d in args.sweep_dirs if Path(d).is_file() and not d.endswith(ARCHIVE)]  # a glob also matches logs
     if files and len(files) < len(args.sweep_dirs):
@@ -64,13 +69,12 @@ def main(argv: list[str]) -> int:
         p.error("--claims needs --page")
     try:
         if args.page:
-            path = write_page([Path(d) for d in args.sweep_dirs], Path(args.page),
-                              Path(args.claims) if args.claims else None, Path(args.out) if args.out else None,
+            path = write_page(list(map(Path, args.sweep_dirs)), args.page, args.claims, args.out,
                               "vespo report " + shlex.join(argv))
             print(f"wrote {path} and the sweeps' reports")
             return 0
-        sweeps, runs = read_lab(args.sweep_dirs[:1])
-        out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
+        sweeps, runs = read_lab(args.sweep_dirs)
+        out = args.out or Path(args.sweep_dirs[0]) / "report"
         write_sweep(next(iter(sweeps.values())), runs, out, args.panel, args.curve)
     except (FileNotFoundError, ValueError) as e:
         print(f"vespo report: {e}", file=sys.stderr)
@@ -92,22 +96,19 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
     claims = cl.load_claims(claims_path) if claims_path else None
     verdicts = cl.evaluate(claims, sweeps, runs) if claims else []
     rel = lambda path: os.path.relpath(path, page.parent)  # noqa: E731
-    headline = (claims.headline if claims else None) or next((n for n, fs in figures.items()
-                                                              if any(f.stem == "headline" for f in fs)), None)
-    fig = next((f for f in figures.get(headline, []) if f.stem == "headline"), None)
-    robust = {"share": cl.ROBUST_SHARE, "seeds": cl.ROBUST_SEEDS}
+    heads = {name: f for name, fs in figures.items() for f in fs if f.stem == "headline"}
+    headline = (claims.headline if claims else None) or next(iter(heads), None)
+    fig = heads.get(headline)
     text = PAGE.format(
-        command=command, level=LEVEL, **judged(verdicts), **noise(sweeps, runs),
-        **collapse_check(sweeps, runs),
+        command=command, **WORDS, **judged(verdicts), **noise(sweeps, runs), **collapse_check(sweeps, runs),
         recommendation="" if claims is None else RECOMMEND.format(
-            lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), alpha=stats.FAMILY_ERROR,
-            **robust),
-        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts), **robust, together="\n\n".join(
+            lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), **WORDS),
+        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts), **WORDS, together="\n\n".join(
             t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
         headline="" if fig is None else HEADLINE.format(figure=rel(fig), sweep=headline),
         sweeps=sweeps_table(sweeps, runs, root, page.parent),
-        sections="\n".join("\n".join(sweep_section(sweep, runs[runs.sweep == name], figures[name], rel,
-                                                    root / name / "report.md")) for name, sweep in sweeps.items()))
+        sections="\n\n".join(sweep_section(sweep, runs[runs.sweep == name], figures[name], rel,
+                                           root / name / "report.md") for name, sweep in sweeps.items()))
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n")
     return page
@@ -115,10 +116,15 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
 
 def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None = None, curve: str | None = None,
                 draw: bool = True) -> list[Path]:
-    """A sweep's figures, report.md and archive in ``out``; files there that this did not write are removed."""
+    """A sweep's figures, report.md (the template's report section: its tables, every run, its figures) and
+    archive in ``out``; files there that this did not write are removed."""
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(sweep, runs, out, panel, curve) if draw else []
-    (out / "report.md").write_text(sweep_markdown(sweep, runs, figures))
+    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
+    (out / "report.md").write_text(REPORT.format(
+        name=sweep.name, runs=len(runs), seeds=f", seeds {', '.join(seeds)}" if seeds else "", **WORDS,
+        tables=sweep_tables(sweep, runs), run_table=run_table(sweep, runs),
+        figures="".join(f"![{f.stem}]({f.name})\n" for f in figures)))
     made = {out / "report.md", write_archive(sweep, list(runs.record), out / ARCHIVE), *figures}
     for stale in sorted(p for p in out.iterdir() if p.is_file() and p not in made):
         stale.unlink()
@@ -175,20 +181,18 @@ def reached_text(runs: pd.DataFrame, metric: str) -> str:
 
 def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
     """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition."""
-    (axis, ref), = sweep.reference.items()
     cells = dict(conditions(sweep, runs))
-    for key, cell in cells.items():
-        labels = dict(zip(sweep.conditions, key))
-        if labels[axis] != ref:
-            partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
-            yield labels, cell, cells.get(partner, runs.iloc[:0])
+    for axis, ref in sweep.reference.items():  # one axis, or none
+        for key, cell in cells.items():
+            labels = dict(zip(sweep.conditions, key))
+            if labels[axis] != ref:
+                partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
+                yield labels, cell, cells.get(partner, runs.iloc[:0])
 
 
 def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     """Each condition minus the reference condition with the same other labels, seed by seed."""
-    if not sweep.reference:
-        return ""
-    (axis, _), rows = next(iter(sweep.reference.items())), []
+    axis, rows = next(iter(sweep.reference), None), []
     for labels, cell, partner in reference_pairs(sweep, runs):
         d = {m: paired(by_seed(cell, m), by_seed(partner, m)) for m in FINALS}
         rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis],
@@ -225,37 +229,25 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
                       "seconds": num(r.seconds, digits=0)} for r in runs.itertuples()])
 
 
-def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> list[str]:
+def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> str:
     """The tables the report and the page print for a sweep, below the sweep file's description."""
-    heads = TABLES.format(reference=" = ".join(next(iter(sweep.reference.items()), "")), band=SETTLED_BAND,
-                          level=LEVEL).splitlines()
-    tables = [condition_table(sweep, runs), paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
-    return ([sweep.description, ""] if sweep.description else []) + [
-        line for head, table in zip(["", *heads], tables) if table for line in ([head, ""] if head else []) + [table, ""]]
-
-
-def sweep_markdown(sweep: Sweep, runs: pd.DataFrame, figures: list[Path]) -> str:
-    """report.md: the sweep's tables, every run, its figures."""
-    seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
-    definitions = REPORT.format(level=LEVEL, method=stats.METHOD, target=TARGET_REWARD,
-                                window=TARGET_WINDOW, rule=collapse.describe())
-    lines = [f"## Sweep `{sweep.name}`", "", f"{len(runs)} runs" + (f", seeds {', '.join(seeds)}" if seeds else "")
-             + ". " + definitions, "", *sweep_tables(sweep, runs), "Runs:", "", run_table(sweep, runs), ""]
-    return "\n".join(lines + [f"![{f.stem}]({f.name})" for f in figures]) + "\n"
+    heads = TABLES.format(reference=" = ".join(next(iter(sweep.reference.items()), "")), **WORDS).splitlines()
+    tables = [paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
+    return "\n\n".join([*filter(None, [sweep.description, condition_table(sweep, runs)]),
+                        *(f"{head}\n\n{table}" for head, table in zip(heads, tables) if table)])
 
 
 # ---------------------------------------------------------------- how numbers are judged
 
 
 def judged(verdicts: list[cl.Verdict]) -> dict:
-    """The interval's method and simulated coverage, and the size of the page's Holm family."""
+    """The interval's simulated coverage, and the size of the page's Holm family."""
     table = stats.coverage_table()
     rows = [{"data": case, **{f"{c.seeds} seeds": f"{c.covered:.1%} (wholly above: {c.above:.1%})"
                               for c in table if c.case == case}} for case in stats.COVERAGE_CASES]
     tests = [t for v in verdicts for t in next(iter(v.readings.values()), []) if t.verdict and t.n >= stats.MIN_SEEDS]
-    return {"method": stats.METHOD, "reps": stats.COVERAGE_REPS, "coverage": markdown(rows), "tests": len(tests),
-            "mix": next(c for c in table if c.case == list(stats.COVERAGE_CASES)[-1]), "min_seeds": stats.MIN_SEEDS,
-            "alpha": stats.FAMILY_ERROR}
+    return {"coverage": markdown(rows), "tests": len(tests),
+            "mix": next(c for c in table if c.case == list(stats.COVERAGE_CASES)[-1])}
 
 
 def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
@@ -267,7 +259,7 @@ def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
     p = float(usable.eval_sampled.mean())
     sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
     diffs = np.array([abs(paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
-                      for name, s in sweeps.items() if s.reference
+                      for name, s in sweeps.items()
                       for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]
     return {"problems": problems, "noise": NOISE.format(
@@ -293,7 +285,7 @@ def collapse_check(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
              if 2 * c.collapsed.sum() >= len(c) > 0 and c.collapsed.any()]
     names = lambda frame: "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "  # noqa: E731
                                     f"{r.warm_start:.3f})" for r in frame.itertuples()) or "none"
-    return {"rule": collapse.describe(), "sim_runs": now[0].runs, "simulated": markdown(rows), "checked": len(usable),
+    return {"sim_runs": now[0].runs, "simulated": markdown(rows), "checked": len(usable),
             "fell": int(fell.sum()), "missed": len(missed), "miss_rate": ci_text(rate_ci(len(missed), int(fell.sum()))),
             "missed_runs": names(missed), "healthy": len(healthy), "healthy_flagged": int(healthy.collapsed.sum()),
             "healthy_rate": ci_text(rate_ci(int(healthy.collapsed.sum()), len(healthy))), "extra": len(extra),
@@ -308,9 +300,8 @@ def measured(v: cl.Verdict) -> str:
     if not v.readings:
         return v.text
     (metric, tests), *others = v.readings.items()
-    holm = lambda t: f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else ""  # noqa: E731
     text = ("collapses" if metric == "collapsed" else f"{metric} difference") + ": " + "; ".join(
-        f"{t.name}: {t.text}{holm(t)}" for t in tests)
+        f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else "") for t in tests)
     if v.verdict == cl.DEPENDS:
         by = {m: cl.combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
         text += f"; {by[metric]} on {cl.READINGS[metric]}, but " + "; ".join(
@@ -375,18 +366,16 @@ def commit_text(sessions: list[dict]) -> str:
     return ", ".join(f"`{c}`" for c in seen) or "not recorded"
 
 
-def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> list[str]:
-    lines, s = [f"### `{sweep.name}`", ""], sweep.sessions
-    if s:
-        when = [_when(x) for x in (s[0].get("start", "?"), s[-1].get("end") or s[-1].get("last_seen") or "?")]
-        lines += ["Commands (as run; a later call resumes the sweep and skips finished runs):", "",
-                  *(f"    {c}" for c in dict.fromkeys(x["command"] for x in s)), "",
-                  f"Ran from {when[0]} to {when[1]}; wall time {wall_text(s, runs)}; commit {commit_text(s)}.", ""]
-    else:
-        lines += ["No sessions.jsonl: commands, commit and wall time were not recorded for this sweep.", ""]
-    lines += sweep_tables(sweep, runs) + [f"![{f.stem}]({rel(f)})" for f in figures if f.stem == "lr"]
-    return lines + ["", "Figures: " + ", ".join(f"[{f.stem}]({rel(f)})" for f in figures)
-                    + f"; [the full report, every run]({rel(report)}).", ""]
+def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, report: Path) -> str:
+    """The sweep's section of the page (the template's sweep section): how it ran, its tables, its figures."""
+    ran = "No sessions.jsonl: commands, commit and wall time were not recorded for this sweep."
+    if s := sweep.sessions:
+        ran = SESSIONS.format(commands="\n".join(f"    {c}" for c in dict.fromkeys(x["command"] for x in s)),
+                              start=_when(s[0].get("start", "?")), wall=wall_text(s, runs), commit=commit_text(s),
+                              end=_when(s[-1].get("end") or s[-1].get("last_seen") or "?"))
+    return SWEEP.format(name=sweep.name, ran=ran, tables=sweep_tables(sweep, runs), report=rel(report),
+                        lr="".join(f"![lr]({rel(f)})" for f in figures if f.stem == "lr"),
+                        figures=", ".join(f"[{f.stem}]({rel(f)})" for f in figures))
 
 
 def _when(iso: str) -> str:
