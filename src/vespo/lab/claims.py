@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -85,7 +86,18 @@ class Verdict:
     readings: dict[str, list[Test]] = field(default_factory=dict)  # metric -> tests, the claim's metric first
     text: str = ""  # what was measured, for claims without tests (collapses)
     verdict: str = ""  # set by the judge for collapse claims, by `decide` for the others
-    robustness: str = ""
+
+    @property
+    def robustness(self) -> str:
+        """robust: resolved on every reading, by at least ROBUST_SHARE of at least ROBUST_SEEDS seeds on its
+        side in each test that decides it; supported: resolved on every reading; unclear: not resolved."""
+        tests = next(iter(self.readings.values()), [])
+        if self.verdict == NO_VERDICT or not tests:
+            return ""
+        if any(t.outcome == TOO_FEW for t in tests) or self.verdict not in (AGREES, DISAGREES):
+            return TOO_FEW if any(t.outcome == TOO_FEW for t in tests) else UNCLEAR
+        deciding = [t for t in tests if t.outcome == self.verdict]
+        return ROBUST if all(t.n >= ROBUST_SEEDS and t.share >= ROBUST_SHARE for t in deciding) else SUPPORTED
 
 
 class Claim(BaseModel):
@@ -163,12 +175,10 @@ class Across(Compare):
                 for lo, hi in zip(series, list(series)[1:])]
 
 
-class Stabler(Claim):
+class Stabler(Compare):
     """a collapses less than each b, runs paired by seed and `over` value (McNemar's exact test)."""
 
     EXPECT: ClassVar[tuple[str, ...]] = ("greater",)
-    a: Where
-    b: Wheres
     over: str = "lr"
 
     def readings(self) -> list[str]:
@@ -179,13 +189,13 @@ class Stabler(Claim):
             return select(runs[runs.usable], where).set_index([SEED_AXIS, self.over])["collapsed"]
 
         out = []
-        for b in self.b:
-            x, y = pd.concat([collapsed(self.a), collapsed(b)], axis=1, join="inner").T.to_numpy(dtype=bool)
+        for name, a, b in self.pairs(runs):
+            x, y = pd.concat([collapsed(a), collapsed(b)], axis=1, join="inner").T.to_numpy(dtype=bool)
             only_a, only_b = int((x & ~y).sum()), int((~x & y).sum())
             text = f"{len(x)} runs paired by seed and {self.over}: collapsed where the other did not {only_a} vs " \
                 f"{only_b}"
-            out.append(Test(f"vs {_text(b, self.a)}", text, exact_paired_p(only_a, only_b),
-                            1 if only_b > only_a else -1, len(x), max(only_a, only_b) / max(1, only_a + only_b)))
+            out.append(Test(name, text, exact_paired_p(only_a, only_b), 1 if only_b > only_a else -1, len(x),
+                            max(only_a, only_b) / max(1, only_a + only_b)))
         return out
 
 
@@ -333,18 +343,14 @@ def evaluate(claims: Claims, sweeps: dict[str, Sweep], runs: pd.DataFrame) -> li
 def decide(verdicts: list[Verdict]) -> list[Verdict]:
     """Holm over the tests of every verdict, one family per reading (the claims' own metrics, greedy,
     last-quarter mean); then each claim's verdict on each reading, and the claim's verdict."""
-    families: dict[int, list[Test]] = {}
-    for v in verdicts:
-        for i, tests in enumerate(v.readings.values()):
-            families.setdefault(i, []).extend(t for t in tests if t.verdict and t.n >= MIN_SEEDS)
-    for tests in families.values():
+    for family in zip_longest(*(v.readings.values() for v in verdicts), fillvalue=[]):  # the i-th reading of each
+        tests = [t for ts in family for t in ts if t.verdict and t.n >= MIN_SEEDS]
         for t, p in zip(tests, holm([t.p for t in tests])):
             t.adjusted = p
     for v in (v for v in verdicts if v.readings):
         by = {m: combine([t.outcome for t in tests]) for m, tests in v.readings.items()}
         first, seen = next(iter(by.values())), set(by.values())
         v.verdict = DEPENDS if len(seen) > 1 and first != NO_VERDICT and seen & {AGREES, DISAGREES} else first
-        v.robustness = robustness(v)
     return verdicts
 
 
@@ -356,15 +362,3 @@ def combine(outcomes: list[str]) -> str:
         if rule(o == verdict for o in outcomes):
             return verdict
     return TOO_FEW if TOO_FEW in outcomes and UNRESOLVED not in outcomes else UNRESOLVED
-
-
-def robustness(v: Verdict) -> str:
-    """robust: resolved on every reading, by at least ROBUST_SHARE of at least ROBUST_SEEDS seeds on its
-    side in each test that decides it; supported: resolved on every reading; unclear: not resolved."""
-    tests = next(iter(v.readings.values()))
-    if v.verdict == NO_VERDICT or not tests:
-        return ""
-    if any(t.outcome == TOO_FEW for t in tests) or v.verdict not in (AGREES, DISAGREES):
-        return TOO_FEW if any(t.outcome == TOO_FEW for t in tests) else UNCLEAR
-    deciding = [t for t in tests if t.outcome == v.verdict]
-    return ROBUST if all(t.n >= ROBUST_SEEDS and t.share >= ROBUST_SHARE for t in deciding) else SUPPORTED

@@ -14,7 +14,7 @@ import gzip
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,6 @@ from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.metrics import read_jsonl
 
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
-RUN_KEYS = ("name", "lab", "config", "summary", "eval_before", "rows")  # an archived run (Run's fields)
 SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.lab.provenance)
 LR_AXIS = "lr"
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
@@ -64,6 +63,9 @@ class Run:
     def before(self) -> float:
         return float((self.summary.get("eval_before") or self.eval_before).get("reward_sampled", math.nan))
 
+    def after(self, key: str) -> float:
+        return float((self.summary.get("eval_after") or {}).get(key, math.nan))
+
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(updates, values) of a logged key: an evaluation after its row's updates, a training metric at the
         updates taken before its row's samples were trained."""
@@ -80,13 +82,9 @@ class Run:
         return float(getattr(y, how)()) if len(y) else math.nan
 
 
-def _after(key: str) -> Callable[[Run], float]:
-    return lambda r: float((r.summary.get("eval_after") or {}).get(key, math.nan))
-
-
 METRICS: dict[str, Callable[[Run], float]] = {  # "quarter": of the updates; "of any": over all logged rows
-    "eval_sampled": _after("reward_sampled"),  # held-out accuracy after the last update, one sample per problem
-    "eval_greedy": _after("reward_greedy"),  # the same, greedy
+    "eval_sampled": lambda r: r.after("reward_sampled"),  # held-out accuracy after training, one sample per problem
+    "eval_greedy": lambda r: r.after("reward_greedy"),  # the same, greedy
     "eval_last": lambda r: r.quarter(EVAL),  # mean of the held-out evaluations during the last quarter
     "eval_rise": lambda r: r.quarter(EVAL) - r.quarter(EVAL, 2),  # that minus the same of the quarter before
     "train_last": lambda r: r.quarter("reward/mean"),  # training reward over the last quarter
@@ -205,8 +203,9 @@ def read_archive_body(path: Path) -> dict:
         raise ValueError(f"{path}: unknown archive format {body.get('format') if isinstance(body, dict) else None!r} "
                          f"(this vespo reads format {ARCHIVE_FORMAT})")
     for i, item in enumerate(body["runs"]):
-        if missing := [k for k in RUN_KEYS if k not in item] or ([] if "labels" in (item["lab"] or {}) else ["labels"]):
-            raise ValueError(f"{path}: run {i + 1} lacks {missing}")
+        missing = [f.name for f in fields(Run) if f.name not in item]  # an archived run holds Run's fields
+        if missing or "labels" not in (item["lab"] or {}):
+            raise ValueError(f"{path}: run {i + 1} lacks {missing or ['labels']}")
     return body
 
 
@@ -224,8 +223,7 @@ def write_run(item: dict, run_dir: Path) -> None:
 
 def by_seed(runs: pd.DataFrame, metric: str) -> pd.Series:
     """{seed: value} of the usable runs of one condition."""
-    usable = runs[runs.usable]
-    return pd.Series(usable[metric].to_numpy(dtype=float), index=usable[SEED_AXIS].to_numpy(), dtype=float)
+    return runs[runs.usable].set_index(SEED_AXIS)[metric].astype(float)
 
 
 def select(runs: pd.DataFrame, where: dict) -> pd.DataFrame:
@@ -244,7 +242,7 @@ def conditions(sweep: Sweep, runs: pd.DataFrame, axes: list[str] | None = None,
     if not axes:
         return [((), runs)]
     order = [{v: i for i, v in enumerate(sweep.values.get(a, []))} for a in axes]
-    groups = {k if isinstance(k, tuple) else (k,): g for k, g in runs.groupby(axes, sort=False)}
+    groups = {k: g for k, g in runs.groupby(axes, sort=False)}  # keys are tuples: grouped by a list
     for key in (tuple(p.labels[a] for a in axes) for p in sweep.points()) if grid else []:
         groups.setdefault(key, runs.iloc[:0])
     return sorted(groups.items(), key=lambda kg: tuple(o.get(v, len(o)) for o, v in zip(order, kg[0])))
