@@ -60,9 +60,9 @@ def detect_collapse(rewards: Sequence[float], skipped: Sequence[float] | None = 
     found = [Collapse(True, "nonfinite", bad[0] + 1 if bad else len(rewards) + 1)] if bad or stopped_nonfinite else []
     best = np.fmax.accumulate(np.r_[start if start is not None and math.isfinite(start) else -np.inf, rewards])[1:]
     fallen = (best >= rule.min_best) & (np.asarray(rewards, dtype=float) < rule.fraction * best)
-    first = len(fallen) - int(np.argmin(fallen[::-1])) if not fallen.all() else 0  # the fallen run reaching the end
-    if len(fallen) and fallen[-1] and len(fallen) - first >= rule.patience:
-        found.append(Collapse(True, "reward", first + 1))
+    tail = int(np.argmin(fallen[::-1])) if not fallen.all() else len(fallen)  # points fallen through the last
+    if tail >= rule.patience:
+        found.append(Collapse(True, "reward", len(fallen) - tail + 1))
     return min(found, key=lambda c: c.step) if found else Collapse(False)
 
 
