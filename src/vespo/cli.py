@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("vespo.models.sources", "list the offline models, or produce a model.path's local directory"),
     "task": ("vespo.tasks.cli", "list the tasks; write a reasoning-gym task as verl-style parquet"),
     "plot": ("vespo.plot", "draw the curves of one or more run directories"),
-    "sweep": ("vespo.lab.sweep", "run a grid of experiments (losses x staleness x seeds)"),
+    "sweep": ("vespo.sweep.cli", "run a grid of experiments (losses x staleness x seeds)"),
     "report": ("vespo.lab.report", "write the table and figures of a sweep"),
 }
 

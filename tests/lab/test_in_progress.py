@@ -14,7 +14,7 @@ from vespo.config import load_config, to_dict
 from vespo.lab import report
 from vespo.lab.grid import load_sweep
 from vespo.lab.runs import ARCHIVE, read_lab
-from vespo.lab.plan import run_overrides, write_record
+from vespo.sweep.plan import run_overrides, write_record
 
 from markdown_table import cells
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vespo.lab import plan, report, sweep
+from vespo.lab import report
 from vespo.lab.grid import SweepError, load_sweep
 from vespo.lab.runs import ARCHIVE, read_lab
+from vespo.sweep import cli, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "configs" / "lab" / "async.yaml"
@@ -39,7 +40,7 @@ def test_the_archived_runs_come_back_skipped_and_read_as_before(tmp_path, capsys
     # one run of the archive had not finished: it is left out and planned again
     body["runs"][3]["summary"] = None
     archive = _write(body, tmp_path / ARCHIVE)
-    assert sweep.main([str(SWEEP), "--out", str(out), "--from-archive", str(archive), "--dry-run"]) == 0
+    assert cli.main([str(SWEEP), "--out", str(out), "--from-archive", str(archive), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "17 finished runs written back" in printed
     jobs = plan.plan(load_sweep(SWEEP), out, only={"seed": {"0", "1"}})
@@ -99,6 +100,6 @@ def test_an_archive_of_another_condition_is_refused_by_name(tmp_path, capsys, ch
     archive = _write(body, tmp_path / ARCHIVE)
     with pytest.raises(SweepError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan.restore(archive, load_sweep(SWEEP), tmp_path / "async")
-    assert sweep.main([str(SWEEP), "--out", str(tmp_path / "async"), "--from-archive", str(archive),
+    assert cli.main([str(SWEEP), "--out", str(tmp_path / "async"), "--from-archive", str(archive),
                        "--dry-run"]) == 2
     assert message in capsys.readouterr().err

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vespo.lab import plan, provenance, report, sweep
+from vespo.lab import report
 from vespo.lab.grid import SweepError, load_sweep
+from vespo.sweep import cli, plan, provenance
 
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "lab" / "quick.yaml"
 SMALL = ["task.eval_size=8", "warmstart.steps=10"]
@@ -22,7 +23,7 @@ def quick_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     out = root / "quick"
     argv = [str(QUICK), "--out", str(out), "--jobs", "2", f"warmstart.cache_dir={root / 'ws'}", *SMALL]
-    assert sweep.main(argv) == 0
+    assert cli.main(argv) == 0
     return out, argv
 
 
@@ -67,7 +68,7 @@ def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
     assert {j.action for j in plan.plan(spec, out)} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
-    assert sweep.main(argv) == 0
+    assert cli.main(argv) == 0
     assert "4 skip" in capsys.readouterr().out
     assert (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text() == before
 
@@ -109,7 +110,7 @@ def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
 
 def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "dry"
-    assert sweep.main([str(QUICK), "--out", str(out), "--dry-run", "--only", "N=4"]) == 0
+    assert cli.main([str(QUICK), "--out", str(out), "--dry-run", "--only", "N=4"]) == 0
     printed = capsys.readouterr().out
     assert "2 runs (2 start)" in printed
     assert "expected wall time for the 2 pending runs: 0 min (the sweep file assumes 8 s per run with 2" in printed
@@ -124,7 +125,7 @@ def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path,
 
 
 def test_only_rejects_values_outside_the_grid(tmp_path, capsys):
-    assert sweep.main([str(QUICK), "--out", str(tmp_path / "x"), "--dry-run", "--only", "N=64"]) == 2
+    assert cli.main([str(QUICK), "--out", str(tmp_path / "x"), "--dry-run", "--only", "N=64"]) == 2
     assert "N=['64'] is not on the grid" in capsys.readouterr().err
 
 
@@ -135,7 +136,7 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "bad"
-    assert sweep.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
+    assert cli.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
     lab = json.loads((out / "seed=0" / "lab.json").read_text())
     assert lab["status"] == "failed" and lab["returncode"] != 0
     assert [j.action for j in plan.plan(load_sweep(path), out)] == ["failed"]
@@ -157,7 +158,7 @@ def test_a_killed_call_still_leaves_its_session_line(tmp_path):
 
     from vespo.lab.report import wall_text
 
-    code = ("import sys, time; from pathlib import Path; from vespo.lab.provenance import session\n"
+    code = ("import sys, time; from pathlib import Path; from vespo.sweep.provenance import session\n"
             "with session(Path(sys.argv[1]), 'vespo sweep killed', 1, beat_s=0.05):\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
     path = tmp_path / "sessions.jsonl"
@@ -183,7 +184,7 @@ def test_sweep_calls_running_at_once_keep_each_ones_line(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time; from pathlib import Path; from vespo.lab.provenance import session\n"
+    code = ("import sys, time; from pathlib import Path; from vespo.sweep.provenance import session\n"
             "with session(Path(sys.argv[1]), sys.argv[2], 1, beat_s=0.002):\n    time.sleep(1.5)\n")
     calls = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), f"vespo sweep --only seed={i}"])
              for i in range(2)]
@@ -215,7 +216,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     job.run_dir.mkdir(parents=True)
     (job.run_dir / "metrics.jsonl").write_text("")  # what the killed process had written
     assert [j.action for j in planned()] == ["resume"]
-    assert sweep.main(argv) == 0
+    assert cli.main(argv) == 0
     assert json.loads((job.run_dir / "summary.json").read_text())["status"] == "done"
     steps = [json.loads(line)["step"] for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps and steps == sorted(set(steps))  # one run's rows, once each
@@ -229,13 +230,13 @@ def test_a_sweep_on_ray_runs_its_runs_as_tasks_side_by_side_and_resumes(tmp_path
     out = tmp_path / "ray"
     argv = [str(QUICK), "--out", str(out), "--jobs", "2", "--ray-address", "local", "--only", "loss=vespo",
             f"warmstart.cache_dir={tmp_path / 'ws'}", "warmstart.steps=0", *SMALL[:1]]
-    assert sweep.main(argv) == 0
+    assert cli.main(argv) == 0
     labs = [json.loads((out / name / "lab.json").read_text()) for name in NAMES[2:]]
     assert all(lab["status"] == "finished" and lab["returncode"] == 0 for lab in labs)
     first, second = sorted(labs, key=lambda lab: lab["started"])
     assert second["started"] < first["ended"]  # the two runs overlapped
     assert all(json.loads((out / name / "summary.json").read_text())["status"] == "done" for name in NAMES[2:])
-    assert sweep.main(argv) == 0  # resumes: both skipped
+    assert cli.main(argv) == 0  # resumes: both skipped
     assert all(json.loads((out / name / "lab.json").read_text())["started"] == lab["started"]
                for name, lab in zip(NAMES[2:], labs))
 

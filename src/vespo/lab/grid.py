@@ -98,7 +98,7 @@ class Sweep:
     cost: Cost | None = None
     exclude: list[dict[str, list[str]]] = field(default_factory=list)
     description: str = ""
-    sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.lab.provenance)
+    sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.sweep.provenance)
 
     @property
     def values(self) -> dict[str, list[str]]:

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from vespo.lab.grid import SweepError, load_sweep
-from vespo.lab.launch import RayStarter, command, run_all, start_local
-from vespo.lab.plan import parse_only, plan, print_plan, restore
-from vespo.lab.provenance import session
+from vespo.sweep.launch import RayStarter, command, run_all, start_local
+from vespo.sweep.plan import parse_only, plan, print_plan, restore
+from vespo.sweep.provenance import session
 
 
 def main(argv: list[str]) -> int:

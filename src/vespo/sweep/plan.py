@@ -11,7 +11,7 @@ import yaml
 
 from vespo.config import ConfigError, added_at_default, load_config, to_dict
 from vespo.lab.grid import GridPoint, Sweep, SweepError, off_grid
-from vespo.lab.provenance import write_sessions
+from vespo.sweep.provenance import write_sessions
 from vespo.lab.runs import read_archive_body, write_run
 
 
