@@ -88,14 +88,30 @@ def test_the_pages_tests_are_one_family_under_holm(tmp_path, synthetic):
     assert t.adjusted == pytest.approx(holm([t.p] + [1.0] * 9)[0]) == pytest.approx(min(1.0, 10 * t.p))
 
 
-def test_a_verdict_that_differs_on_another_metric_depends_on_it(tmp_path, synthetic):
-    """vespo above grpo on sampled accuracy but tied on greedy: the verdict names both readings."""
+@pytest.mark.parametrize("grpo_greedy", [[0.9, 0.8, 0.7], [0.85, 0.82, 0.6]])
+def test_a_verdict_whose_readings_only_differ_in_what_resolves_says_where_it_holds(tmp_path, synthetic, grpo_greedy):
+    """vespo above grpo on sampled accuracy (+0.05 on every seed, and so on the last-quarter mean); on greedy tied
+    on every seed, or ahead on the mean without resolving: the readings do not disagree in sign, and the verdict
+    says on which readings it holds."""
     lab = _sweep(synthetic, {"vespo": [0.50, 0.40, 0.60], "grpo": [0.45, 0.35, 0.55]},
-                 greedy={"vespo": [0.9, 0.8, 0.7], "grpo": [0.9, 0.8, 0.7]})
+                 greedy={"vespo": [0.9, 0.8, 0.7], "grpo": grpo_greedy})
     (v,) = _judge(tmp_path, lab, [_compare({"loss": "grpo"}, "greater")])
+    greedy = v.readings["eval_greedy"][0].ci
+    assert v.verdict == "agrees on held-out sampled and last-quarter mean only" and v.robustness == "unclear"
+    assert measured(v).endswith(f"agrees on held-out sampled, but not resolved on greedy (vs loss=grpo "
+                                f"{cl.ci_text(greedy, signed=True)}), on the same side of the line: it only "
+                                "fails to resolve") and greedy.mean >= 0
+
+
+def test_a_verdict_whose_readings_disagree_in_sign_depends_on_the_metric(tmp_path, synthetic):
+    """vespo above grpo on sampled accuracy, below it on greedy's mean (-0.027, not resolved): the readings lie on
+    two sides of the line, and the verdict depends on the metric, naming the test on the other side."""
+    lab = _sweep(synthetic, {"vespo": [0.50, 0.40, 0.60], "grpo": [0.45, 0.35, 0.55]},
+                 greedy={"vespo": [0.9, 0.8, 0.7], "grpo": [0.95, 0.78, 0.75]})
+    (v,) = _judge(tmp_path, lab, [_compare({"loss": "grpo"}, "greater")])
+    assert v.readings["eval_greedy"][0].ci.mean < 0
     assert v.verdict == "depends on the metric" and v.robustness == "unclear"
-    assert measured(v).endswith("agrees on held-out sampled, but not resolved on greedy (vs loss=grpo "
-                                   "+0.000 [+0.000, +0.000])")
+    assert measured(v).endswith("on the other side of the line in vs loss=grpo")
 
 
 def test_other_metrics_have_one_reading(tmp_path, synthetic):
@@ -115,8 +131,12 @@ def test_collapse_rules(tmp_path, synthetic):
                                     ("vespo", "some"), ("vespo", "none"), ("gspo", "none")]]
     verdicts = _judge(tmp_path, lab, entries)
     # vespo "most" with 0 of 4 collapsed: the exact interval [0, 0.53] still reaches one half
-    assert [v.verdict for v in verdicts] == ["agrees", "partly", "too few seeds", "agrees", "not resolved", "agrees",
-                                             "disagrees"]
+    # vespo "none" with 0 of 4 collapsed does not agree: it bounds the rate, the exact one-sided 95% upper bound
+    # 1 - 0.05^(1/4) (Clopper-Pearson with no event)
+    bound = 1 - 0.05 ** (1 / 4)
+    assert [v.verdict for v in verdicts] == ["agrees", "partly", "too few seeds", "agrees", "not resolved",
+                                             f"rate at most {bound:.2f}", "disagrees"]
+    assert f"no collapse bounds the rate: at most {bound:.2f} (one-sided 95%, exact)" in verdicts[5].text
     # 3 of 4: the exact 90% interval is [beta.ppf(0.05, 3, 2), beta.ppf(0.95, 4, 1)] = [0.249, 0.987]
     assert measured(verdicts[0]) == "3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]"
     assert verdicts[5].text.endswith("control (st loss=sapo): 3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]")

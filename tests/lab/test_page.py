@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vespo.lab import collapse, report, stats
-from vespo.lab.runs import read_lab
+from vespo.lab.runs import read_lab, read_sweep
 
 from markdown_table import cells
 
@@ -50,10 +50,12 @@ def test_the_page(synthetic, tmp_path):
     assert "Single runs are not results" in text and "grow chaotically" in text and "distribution over seeds" in text
     rows = cells(text.split("## The paper's claims")[1].split("How a row is decided")[0])[1:]
     # +0.1 on each of 3 seeds (zero spread: p = 0) on every reading; 3 seeds are fewer than robust asks for
-    assert rows[0] == ["1", "VESPO above GRPO at N = 64", "staleness", "eval_sampled difference: vs loss=grpo: "
+    # the budget each verdict holds at: its sweep's optimizer steps (a sweep not run has none)
+    budget = str(max(r.updates for r in read_sweep(st.dir)[1]))
+    assert rows[0] == ["1", "VESPO above GRPO at N = 64", "staleness", budget, "eval_sampled difference: vs loss=grpo: "
                        "+0.100 [+0.100, +0.100], 3 seeds, higher in 3 (Holm p 0.000)", "**agrees**", "supported"]
-    assert rows[1][4:] == ["**not resolved**", "unclear"]  # equal on both seeds: a zero-width interval at 0
-    assert rows[2] == ["3", "no length normalization is best", "length_norm", "sweep 'length_norm' not run",
+    assert rows[1][5:] == ["**not resolved**", "unclear"]  # equal on both seeds: a zero-width interval at 0
+    assert rows[2] == ["3", "no length normalization is best", "length_norm", "–", "sweep 'length_norm' not run",
                        "**not run**", "–"]
     assert "![headline](results/staleness/headline.png)" in text
     # the sweeps table: finished / grid, wall time (sum of the sessions), commits (dirty marked), machine

@@ -8,9 +8,13 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from vespo.lab import collapse
 from vespo.lab.report import write_page
+from vespo.lab.runs import read_lab
+from vespo.lab.stats import ci_text, mean_ci
 
 from markdown_table import cells
 
@@ -93,7 +97,58 @@ def test_the_collapse_rule_is_measured_against_what_it_can_miss(page):
     assert "`staleness` `seed=2,N=64,loss=sapo` (final 0.127, warm start 0.251)" in text
     claims = cells(page.split("## The paper's claims")[1].split("How a row is decided")[0])
     sapo = next(r for r in claims if r[1].startswith("SAPO becomes unstable"))
-    assert sapo[3].startswith("1/5 runs collapsed") and sapo[4] == "**partly**"
+    assert sapo[4].startswith("1/5 runs collapsed") and sapo[5] == "**partly**"
+
+
+def _runs():
+    return read_lab([ROOT / "docs" / "results" / n / "runs.json.gz" for n in SWEEPS])[1]
+
+
+def test_the_collapse_rule_is_measured_against_partial_collapses(page):
+    """The runs that ended below their warm start but not below half of it, recounted from the archives: how many,
+    how many the rule flags, and each one it misses named with its last evaluation over its best so far."""
+    runs = _runs()
+    usable = runs[runs.usable & np.isfinite(runs.warm_start) & np.isfinite(runs.eval_sampled)]
+    partial = usable[(usable.eval_sampled < usable.warm_start) & (usable.eval_sampled >= 0.5 * usable.warm_start)]
+    missed = partial[~partial.collapsed]
+    text = " ".join(page.split("**Collapse.**")[1].split("## The paper's claims")[0].split())
+    said = re.search(r"Partial collapses: (\d+) runs ended below their warm start but not below half of it; the rule "
+                     r"flagged (\d+) of them and misses (\d+)", text)
+    assert said and [int(x) for x in said.groups()] == [len(partial), int(partial.collapsed.sum()), len(missed)]
+    assert len(missed) > 0  # the rule does miss some: the page must name them
+    for r in missed.itertuples():
+        evals = [row["eval/reward_sampled"] for row in r.record.rows if "eval/reward_sampled" in row]
+        best = max([r.record.before, *evals])
+        assert f"`{r.run}` (final {r.eval_sampled:.3f}, warm start {r.warm_start:.3f}; last evaluation " \
+               f"{evals[-1] / best:.2f} of its best" in text
+        assert evals[-1] >= collapse.RULE.fraction * best  # why the rule lets it pass
+
+
+def test_the_error_control_sentence_says_what_its_family_covers(page):
+    """The Holm family's size recounted from the claims table: every test of a claim with a verdict, on its own
+    metric; the collapse-count claims named as outside it, and the claims whose t-tests compare collapsing runs."""
+    claims = cells(page.split("## The paper's claims")[1].split("How a row is decided")[0])[1:]
+    with_tests = [r for r in claims if r[5] != "**—**" and ("difference:" in r[4] or r[4].startswith("collapses:"))]
+    tests = sum(len(re.findall(r"\(Holm p [0-9.]+\)", r[4])) for r in with_tests)
+    counts = [r[0] for r in claims if re.match(r"\d+/\d+ runs collapsed", r[4])]
+    text = " ".join(page.split("**Error control.**")[1].split("\n\n")[0].split())
+    assert f"the {tests} tests of the {len(with_tests)} claims decided by tests" in text
+    assert f"the collapse counts (the claims numbered {', '.join(counts)}: each judged alone" in text
+    assert "at most 10%" in text and "at most 30% together" in text
+    sapo = next(r for r in claims if r[1].startswith("Under large N, VESPO ends above GRPO, GSPO and SAPO"))
+    assert f"some runs collapsed (in the claims numbered {sapo[0]})" in text  # SAPO at N = 64: 1 of 5 collapsed
+
+
+def test_no_collapse_is_an_upper_bound_and_pools_only_stale_runs(page):
+    """Claims 8 and 22 saw no collapse: the verdict is the rate's exact one-sided 95% bound, 1 - 0.05^(1/n), on
+    the runs that could collapse (VESPO at N = 8 and 64, not the on-policy N = 1)."""
+    claims = {r[0]: r for r in cells(page.split("## The paper's claims")[1].split("How a row is decided")[0])[1:]}
+    runs = _runs()
+    stale = runs[(runs.sweep == "staleness") & (runs.loss == "vespo") & runs.N.isin(["8", "64"]) & runs.usable]
+    for number, n in (("8", len(stale)), ("22", 5)):
+        bound = 1 - 0.05 ** (1 / n)
+        assert claims[number][4].startswith(f"0/{n} runs collapsed")
+        assert claims[number][5] == f"**rate at most {bound:.2f}**", claims[number]
 
 
 def test_the_end_point_is_measured(page):
@@ -105,3 +160,72 @@ def test_the_end_point_is_measured(page):
     together = " ".join(page.split("**Claims 1, 34 read together**")[1].split("\n\n")[0].split())
     assert "after 512 updates +0.004 [-0.022, +0.029]" in together and "after 2048 updates -0.077 [-0.120, -0.033]" \
         in together and "does not hold for the longer ones" in together
+
+
+def _diff(runs, sweep, a, b, seeds=None):
+    """a - b (losses, or N values for vespo) at N = 64, seed by seed, from the archives."""
+    def values(where):
+        cell = runs[(runs.sweep == sweep) & runs.usable]
+        for k, v in where.items():
+            cell = cell[cell[k] == v]
+        return cell.set_index("seed").eval_sampled
+    d = (values(a) - values(b)).dropna()
+    return d if seeds is None else d[d.index.isin(seeds)]
+
+
+def test_each_budget_is_shown_beside_the_longer_one_on_the_same_seeds(page):
+    """VESPO - GRPO at N = 64 after 512 updates on the endpoint's 5 seeds, beside the same after 2048 updates: in
+    the claims read together and under the recommendation's N = 64 line, recomputed from the archives."""
+    runs = _runs()
+    n64 = {"N": "64"}
+    for loss in ("grpo", "dppo_tv"):
+        long = _diff(runs, "endpoint", {**n64, "loss": "vespo"}, {**n64, "loss": loss})
+        short = _diff(runs, "staleness", {**n64, "loss": "vespo"}, {**n64, "loss": loss}, long.index)
+        assert len(long) == len(short) == 5
+        both = f"on the 5 seeds both budgets ran: {ci_text(mean_ci(short), signed=True)} after 512 updates, " \
+            f"{ci_text(mean_ci(long), signed=True)} after 2048"
+        line = next(x for x in page.split("## Recommendation")[1].splitlines() if x.startswith("  - the same losses"))
+        assert both in line, line
+    long = _diff(runs, "endpoint", {**n64, "loss": "vespo"}, {**n64, "loss": "grpo"})
+    short = _diff(runs, "staleness", {**n64, "loss": "vespo"}, {**n64, "loss": "grpo"}, long.index)
+    together = " ".join(page.split("**Claims 2, 25 read together**")[1].split("\n\n")[0].split())
+    assert f"On the 5 seeds both budgets ran, after 512 updates: {ci_text(mean_ci(short), signed=True)}" in together
+    vs1 = _diff(runs, "endpoint", {**n64, "loss": "vespo"}, {"N": "1", "loss": "vespo"})
+    vs1_short = _diff(runs, "staleness", {**n64, "loss": "vespo"}, {"N": "1", "loss": "vespo"}, vs1.index)
+    together = " ".join(page.split("**Claims 1, 34 read together**")[1].split("\n\n")[0].split())
+    assert f"On the 5 seeds both budgets ran, after 512 updates: {ci_text(mean_ci(vs1_short), signed=True)}" in together
+    claims = cells(page.split("## The paper's claims")[1].split("How a row is decided")[0])
+    assert claims[0][3] == "updates" and {r[3] for r in claims[1:] if r[2] == "endpoint"} == {"2048"}
+
+
+def test_the_readmes_lab_numbers_recompute_and_say_what_they_are():
+    """README's lab paragraphs: the staleness sweep's seed counts per loss, the async peers' differences (point
+    estimates within 0.013, their intervals' reach) and the bypass result's 90% and 95% intervals, recomputed
+    from the committed archives; the peers' numbers are said to be unadjusted."""
+    readme = " ".join((ROOT / "README.md").read_text().split("## The lab")[1].split("## Datasets")[0].split())
+    runs = read_lab([ROOT / "docs" / "results" / n / "runs.json.gz" for n in ("staleness", "async_peers",
+                                                                               "mismatch_peers")])[1]
+    words = {"VESPO": "vespo", "GRPO": "grpo", "DPPO-TV": "dppo_tv", "M2PO": "m2po", "GSPO": "gspo", "SAPO": "sapo",
+             "VESPO with VCPO's ESS-scaled step size": "vespo_ess_lr", "DPPO-KL": "dppo_kl",
+             "GRPO with the ESS step": "grpo_ess_lr"}
+    ten, five = re.search(r"ten seeds for (.*?); five for (.*?)\)", readme).groups()
+    listed = lambda text: {words[w] for w in re.split(r", and |, | and ", text)}  # noqa: E731
+    staleness = runs[(runs.sweep == "staleness") & (runs.N == "64") & runs.usable]
+    seeds = staleness.groupby("loss").seed.nunique()
+    assert listed(ten) == set(seeds[seeds == 10].index) and listed(five) == set(seeds[seeds == 5].index)
+
+    def diff(sweep, a, b):
+        cell = runs[(runs.sweep == sweep) & runs.usable].set_index("seed")
+        return (cell[cell.method == a].eval_sampled - cell[cell.method == b].eval_sampled).dropna()
+
+    assert "unadjusted 90% intervals, not corrected" in readme
+    pairs = [("grpo_opsm", "grpo"), ("vespo_opsm", "vespo"), ("grpo_bypass_icepop", "grpo"), ("prime_rl", "vespo")]
+    cis = [mean_ci(diff("async_peers", a, b)) for a, b in pairs]
+    assert max(abs(ci.mean) for ci in cis) <= 0.013 < max(max(-ci.low, ci.high) for ci in cis)
+    assert f"lie within 0.013 (point estimates; their intervals reach from {min(ci.low for ci in cis):+.3f} to " \
+           f"{max(ci.high for ci in cis):+.3f})" in readme
+    bypass = diff("mismatch_peers", "reinforce_bypass_tis", "grpo")
+    at90, at95 = mean_ci(bypass), mean_ci(bypass, 0.95)
+    assert at90.high < 0 < at95.high and len(bypass) == 5
+    assert f"minus GRPO is {ci_text(at90, signed=True)}, whose 95% interval, [{at95.low:+.3f}, {at95.high:+.3f}], " \
+           "holds 0" in readme

@@ -3,7 +3,9 @@
 configs/lab/claims.yaml lists them; each names a sweep, one kind of evidence (KINDS; docs/lab.md, Claims)
 and what the paper expects. A comparison is a t-test of paired differences against the claim's line; a
 "stabler" one is McNemar's exact test. `decide` corrects every test of the page together (Holm) and reads
-each verdict on three metrics (READINGS): where they differ, it depends on the metric.
+each verdict on three metrics (READINGS): where a reading lies on the other side of the claim's line, it depends
+on the metric; where the readings only differ in what resolves, the verdict says on which it holds ("agrees on
+greedy only"). A "none" collapse claim with no collapse gives an upper bound on the rate, not agreement.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, Valida
 from vespo.config import load_yaml
 from vespo.lab.grid import SEED_AXIS, Sweep, off_grid, one_line
 from vespo.lab.runs import METRICS, by_seed, select
-from vespo.lab.stats import FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, mean_ci, \
-    p_value, paired, rate_ci
+from vespo.lab.stats import CONFIDENCE, FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, \
+    mean_ci, p_value, paired, rate_ci
 
 AGREES, DISAGREES, UNRESOLVED, PARTLY, NOT_RUN, NO_VERDICT, TOO_FEW, DEPENDS = (
     "agrees", "disagrees", "not resolved", "partly", "not run", "—", "too few seeds", "depends on the metric")
 ROBUST, SUPPORTED, UNCLEAR = "robust", "supported", "unclear"
+BOUNDED = "rate at most"  # a "none" collapse claim without a collapse: "rate at most 0.14" (one-sided bound)
 ROBUST_SHARE, ROBUST_SEEDS = 0.9, 5  # robust: at least this share of at least this many seeds on its side
 READINGS = {"eval_sampled": "held-out sampled", "eval_greedy": "greedy", "eval_last": "last-quarter mean"}
 SETTLED_BAND = 0.02  # curves have settled where the last quarter's rise lies within +-this (about one evaluation's SD)
@@ -49,12 +52,14 @@ class Test:
     name: str
     text: str  # "+0.060 [+0.036, +0.083], 10 seeds, higher in 10"
     p: float  # raw, two-sided
-    side: int  # +1: the claim's side of its line, -1: the other
+    side: int  # +1: the claim's side of its line, -1: the other, 0: on it
     n: int  # seeds (or paired runs)
     share: float  # share of seeds (or discordant pairs) on ``side``
     adjusted: float = math.nan  # Holm, over the page's family
     verdict: bool = True  # False for "report": measured, no verdict
     ci: Interval | None = None  # the mean difference with its interval (t-tests)
+    values: pd.Series | None = None  # the paired difference on each seed (index: seed; t-tests)
+    collapsed: int = 0  # collapsed runs among those it compares (where a t-test's coverage fails)
 
     @property
     def outcome(self) -> str:
@@ -73,11 +78,18 @@ def paired_test(name: str, d: Paired, expect: str, margin: float = math.nan) -> 
         inside, on = abs(ci.mean) < margin, np.abs(x) < margin
         p = max(p_value(x, -margin), p_value(x, margin)) if inside else p_value(x, math.copysign(margin, ci.mean))
         share = float(np.mean(on if inside else ~on)) if ci.n else 0
-        return Test(name, text, p, 1 if inside else -1, ci.n, share, ci=ci)
+        return Test(name, text, p, 1 if inside else -1, ci.n, share, ci=ci, values=d.values)
     line, sign = (margin if expect == "at_least" else 0.0), (-1 if expect in ("less", "decreasing") else 1)
-    side = sign * (1 if ci.mean > line else -1)
+    side = sign * (1 if ci.mean > line else -1 if ci.mean < line else 0)  # 0: on the line (or no seeds)
     share = float(np.mean(np.sign(x - line) == side * sign)) if ci.n else 0.0
-    return Test(name, text, p_value(x, line), side, ci.n, share, verdict=expect != "report", ci=ci)
+    return Test(name, text, p_value(x, line), side, ci.n, share, verdict=expect != "report", ci=ci, values=d.values)
+
+
+def with_collapsed(test: Test, *cells: pd.DataFrame) -> Test:
+    """``test`` with the number of collapsed runs, on the seeds it pairs, of the conditions it compares."""
+    seeds = set(test.values.index) if test.values is not None else set()
+    test.collapsed = sum(int(c[c.usable & c[SEED_AXIS].isin(seeds)].collapsed.sum()) for c in cells)
+    return test
 
 
 @dataclass
@@ -143,8 +155,12 @@ class Compare(Claim):
         return [(f"vs {_text(b, self.a)}", self.a, b) for b in self.b]
 
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
-        return [paired_test(name, paired(by_seed(select(runs, a), metric), by_seed(select(runs, b), metric)),
-                            self.kind, self.margin) for name, a, b in self.pairs(runs)]
+        out = []
+        for name, a, b in self.pairs(runs):
+            x, y = select(runs, a), select(runs, b)
+            d = paired(by_seed(x, metric), by_seed(y, metric))
+            out.append(with_collapsed(paired_test(name, d, self.kind, self.margin), x, y))
+        return out
 
 
 class Across(Compare):
@@ -167,11 +183,13 @@ class Across(Compare):
     def tests(self, runs: pd.DataFrame, metric: str) -> list[Test]:
         if self.kind not in ("increasing", "decreasing"):
             return super().tests(runs, metric)
-        series = {}  # value -> a - b (or a) per seed
+        series, cells = {}, {}  # value -> a - b (or a) per seed; its runs
         for v in self.values(runs):
-            y = by_seed(select(runs, {self.over: v, **self.a}), metric)
-            series[v] = paired(y, by_seed(select(runs, {self.over: v, **self.b[0]}), metric)).values if self.b else y
-        return [paired_test(f"{self.over}={hi} minus {self.over}={lo}", paired(series[hi], series[lo]), self.kind)
+            cells[v] = [select(runs, {self.over: v, **w}) for w in [self.a, *self.b[:1]]]
+            y = by_seed(cells[v][0], metric)
+            series[v] = paired(y, by_seed(cells[v][1], metric)).values if self.b else y
+        return [with_collapsed(paired_test(f"{self.over}={hi} minus {self.over}={lo}", paired(series[hi], series[lo]),
+                                           self.kind), *cells[lo], *cells[hi])
                 for lo, hi in zip(series, list(series)[1:])]
 
 
@@ -208,7 +226,8 @@ class Control(BaseModel):
 
 
 class Collapses(Claim):
-    """Collapsed runs: most (at least half), some (at least one), none (beside a control where the rule fires)."""
+    """Collapsed runs: most (at least half), some (at least one), none (beside a control where the rule fires; with
+    no collapse the verdict is the rate's one-sided upper bound: zero events cannot show a zero rate)."""
 
     EXPECT: ClassVar[tuple[str, ...]] = ("most", "some", "none")
     select: Where
@@ -225,14 +244,18 @@ class Collapses(Claim):
         if mine.empty:
             return Verdict(self, text=f"sweep {self.sweep!r} not run", verdict=NOT_RUN)
         dead, text = int(mine.collapsed.sum()), collapse_text(mine)
-        verdict = {"none": AGREES if dead == 0 else DISAGREES, "some": AGREES if dead else UNRESOLVED}.get(
+        bound = rate_ci(0, len(mine)).high  # the two-sided interval's upper end: a one-sided bound at (1 + level) / 2
+        if self.kind == "none" and dead == 0:
+            text += f"; no collapse bounds the rate: at most {bound:.2f} (one-sided {(1 + CONFIDENCE) / 2:.0%}, exact)"
+        verdict = {"none": f"{BOUNDED} {bound:.2f}" if dead == 0 else DISAGREES,
+                   "some": AGREES if dead else UNRESOLVED}.get(
             self.kind) or (TOO_FEW if dead == 0 and rate_ci(0, len(mine)).high >= 0.5 else  # too few to rule out "most"
                            AGREES if 2 * dead >= len(mine) else DISAGREES if dead == 0 else PARTLY)
         if (c := self.control) is not None:
             control, name = select(runs[(runs.sweep == c.sweep) & runs.usable], c.where), f"{c.sweep} {_text(c.where)}"
             text += f"; control ({name})" + (f": {collapse_text(control)}" if len(control) else
                                              " not run: the rule was not seen to fire")
-            if control.empty or (not control.collapsed.any() and verdict == AGREES):
+            if control.empty or (not control.collapsed.any() and verdict.startswith(BOUNDED)):
                 text += "" if control.empty else ": the rule fired in no control run, so 'no collapse' says nothing"
                 verdict = UNRESOLVED
         return Verdict(self, text=text, verdict=verdict)
@@ -350,8 +373,20 @@ def decide(verdicts: list[Verdict]) -> list[Verdict]:
     for v in (v for v in verdicts if v.readings):
         by = {m: combine([t.outcome for t in tests]) for m, tests in v.readings.items()}
         first, seen = next(iter(by.values())), set(by.values())
-        v.verdict = DEPENDS if len(seen) > 1 and first != NO_VERDICT and seen & {AGREES, DISAGREES} else first
+        v.verdict = first
+        if len(seen) > 1 and first != NO_VERDICT and (resolved := seen & {AGREES, DISAGREES}):
+            holds = " and ".join(READINGS[m] for m in by if by[m] in resolved)
+            one = len(resolved) == 1 and not any(other_side(v).values())
+            v.verdict = f"{resolved.pop()} on {holds} only" if one else DEPENDS
     return verdicts
+
+
+def other_side(v: Verdict) -> dict[str, list[str]]:
+    """Per reading after the first, its tests that lie on the other side of the claim's line than the first
+    reading's test of the same name (the readings disagree in sign there, not only in what resolves)."""
+    (_, first), *others = v.readings.items()
+    side = {t.name: t.side for t in first if t.n}
+    return {m: [t.name for t in tests if t.n and t.side * side.get(t.name, 0) < 0] for m, tests in others}
 
 
 def combine(outcomes: list[str]) -> str:

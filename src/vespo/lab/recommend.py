@@ -34,6 +34,7 @@ class Pick:
     level: Interval | None = None  # the named loss's held-out accuracy
     settling: dict[str, str] = field(default_factory=dict)  # name -> settled | still rising | ... (claims.settling)
     few: dict[str, int] = field(default_factory=dict)  # candidates left out: name -> usable runs (< MIN_SEEDS)
+    values: dict[str, pd.Series] = field(default_factory=dict)  # name -> its held-out accuracy per seed
 
     @property
     def leader(self) -> str | None:
@@ -84,7 +85,8 @@ def pick(setting: str, at: str, runs: pd.DataFrame, among: str, planned: list[st
     out = Pick(setting, at, int(runs.updates.max()), groups, top, {k: diffs[k] for k in ahead},
                {n: (int(u.collapsed.sum()), len(u)) for n, u in ((n, c[c.usable]) for n, c in cells.items())
                 if u.collapsed.any()}, settling={n: settling(cell)[1] for n, cell in cells.items()},
-               few={n: int(usable.get(n, 0)) for n in everyone if n not in cells})
+               few={n: int(usable.get(n, 0)) for n in everyone if n not in cells},
+               values={n: by_seed(cells[n], METRIC) for n in names})
     if out.leader is not None:
         out.level = mean_ci(by_seed(cells[out.leader], METRIC))
     return out
@@ -130,10 +132,29 @@ def advice(p: Pick) -> str:
     return text
 
 
+def longer(p: Pick, q: Pick) -> str:
+    """``p``'s line at ``q``'s longer budget (the same setting value, losses both ran): q's verdict, and each of p's
+    leads among those losses paired on the seeds both budgets ran."""
+    both = [n for g in p.groups for n in g if n in q.values]
+    text = f"the same losses after {q.updates} updates ({q.setting}): " + advice(q).split(" updates: ", 1)[1]
+    for (i, j), d in p.ahead.items():
+        for a, b in ((a, b) for a in p.groups[i] for b in p.groups[j] if a in both and b in both):
+            seeds = paired(q.values[a], q.values[b]).values.index
+            short = paired(p.values[a], p.values[b]).values
+            text += (f"; {display_name(a)} - {display_name(b)} on the {len(seeds)} seeds both budgets ran: "
+                     f"{ci_text(mean_ci(short[short.index.isin(seeds)]), True)} after {p.updates} updates, "
+                     f"{ci_text(paired(q.values[a], q.values[b]).diff, True)} after {q.updates}")
+    return text
+
+
 def recommendation_markdown(picks: list[Pick]) -> str:
-    """The recommendation's lines, under their settings (page.md says how to read them)."""
+    """The recommendation's lines, under their settings (page.md says how to read them); a line with a longer budget
+    elsewhere (the same value of the setting's axis, at least two of its losses) shows that budget beneath it."""
     lines = []
     for setting in dict.fromkeys(p.setting for p in picks):
-        lines += [f"**{setting[0].upper() + setting[1:]}**", "",
-                  *(f"- {advice(p)}" for p in picks if p.setting == setting), ""]
+        lines += [f"**{setting[0].upper() + setting[1:]}**", ""]
+        for p in (p for p in picks if p.setting == setting):
+            lines += [f"- {advice(p)}", *(f"  - {longer(p, q)}" for q in picks if q.at and q.at == p.at
+                                          and q.updates > p.updates and len(set(q.values) & set(p.values)) > 1)]
+        lines += [""]
     return "\n".join(lines).rstrip("\n") or "No sweep of the recommendation's settings has run yet."

@@ -31,8 +31,8 @@ from vespo.lab.claims import SETTLED_BAND, settling
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.runs import (ARCHIVE, LR_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions, lr_points, lr_text,
-                            read_lab, write_archive)
+from vespo.lab.runs import (ARCHIVE, EVAL, LR_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions, lr_points,
+                            lr_text, read_lab, write_archive)
 from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
@@ -103,7 +103,7 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
         command=command, **WORDS, **judged(verdicts), **noise(sweeps, runs), **collapse_check(sweeps, runs),
         recommendation="" if claims is None else RECOMMEND.format(
             lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), **WORDS),
-        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts), **WORDS, together="\n\n".join(
+        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts, runs), **WORDS, together="\n\n".join(
             t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
         headline="" if fig is None else HEADLINE.format(figure=rel(fig), sweep=headline),
         sweeps=sweeps_table(sweeps, runs, root, page.parent),
@@ -245,8 +245,15 @@ def judged(verdicts: list[cl.Verdict]) -> dict:
     table = stats.coverage_table()
     rows = [{"data": case, **{f"{c.seeds} seeds": f"{c.covered:.1%} (wholly above: {c.above:.1%})"
                               for c in table if c.case == case}} for case in stats.COVERAGE_CASES]
-    tests = [t for v in verdicts for t in next(iter(v.readings.values()), []) if t.verdict and t.n >= stats.MIN_SEEDS]
-    return {"coverage": markdown(rows), "tests": len(tests),
+    first = {i: next(iter(v.readings.values()), []) for i, v in enumerate(verdicts, 1)}
+    tests = [t for ts in first.values() for t in ts if t.verdict and t.n >= stats.MIN_SEEDS]
+    listed = lambda numbers: ", ".join(map(str, numbers)) or "none"  # noqa: E731
+    return {"coverage": markdown(rows), "tests": len(tests), "in_family": sum(any(t.verdict for t in ts) for ts in
+                                                                         first.values()),
+            "collapse_claims": listed([i for i, v in enumerate(verdicts, 1) if isinstance(v.claim, cl.Collapses)]),
+            "stabler_claims": listed([i for i, v in enumerate(verdicts, 1) if isinstance(v.claim, cl.Stabler)]),
+            "three": min(1.0, 3 * stats.FAMILY_ERROR),
+            "collapsing": listed([i for i, ts in first.items() if any(t.verdict and t.collapsed for t in ts)]),
             "mix": next(c for c in table if c.case == list(stats.COVERAGE_CASES)[-1])}
 
 
@@ -289,55 +296,102 @@ def collapse_check(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
             "fell": int(fell.sum()), "missed": len(missed), "miss_rate": ci_text(rate_ci(len(missed), int(fell.sum()))),
             "missed_runs": names(missed), "healthy": len(healthy), "healthy_flagged": int(healthy.collapsed.sum()),
             "healthy_rate": ci_text(rate_ci(int(healthy.collapsed.sum()), len(healthy))), "extra": len(extra),
-            "extra_runs": names(extra), "fired": len(fired), "controls": "; ".join(fired) or "nowhere yet"}
+            "extra_runs": names(extra), "fired": len(fired), "controls": "; ".join(fired) or "nowhere yet",
+            **partial_collapses(usable[~fell & (usable.eval_sampled < usable.warm_start)])}
+
+
+def partial_collapses(partial: pd.DataFrame) -> dict:
+    """The rule against the runs that ended below their warm start but not below half of it: how many it flags,
+    and each it misses with its last and lowest evaluation during training over its best so far."""
+    missed = partial[~partial.collapsed]
+    slips = pd.DataFrame([fall_of(r) for r in missed.itertuples()], columns=["last", "lowest"])
+    return {"partial": len(partial), "partial_flagged": int(partial.collapsed.sum()),
+            "partial_missed": len(missed), "fraction": collapse.RULE.fraction,
+            "partial_rate": ci_text(rate_ci(len(missed), len(partial))),
+            "last_range": f"{slips['last'].min():.2f} to {slips['last'].max():.2f}" if len(slips) else "–",
+            "dipped": int((slips.lowest < collapse.RULE.fraction).sum()),
+            "partial_runs": "; ".join(f"`{r.sweep}` `{r.run}` (final {r.eval_sampled:.3f}, warm start "
+                                      f"{r.warm_start:.3f}; last evaluation {s.last:.2f} of its best, lowest "
+                                      f"{s.lowest:.2f})" for r, s in zip(missed.itertuples(), slips.itertuples()))
+            or "none"}
+
+
+def fall_of(run) -> tuple[float, float]:
+    """A run's last and lowest held-out evaluation during training, each over its best so far (the warm start
+    included): what the collapse rule compares with its fraction."""
+    _, y = run.record.series(EVAL)
+    if not len(y):
+        return math.nan, math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = y / np.fmax.accumulate(np.r_[run.record.before, y])[1:]
+    return float(ratio[-1]), float(np.nanmin(ratio))
 
 
 # ---------------------------------------------------------------- claims and sweeps
 
 
 def measured(v: cl.Verdict) -> str:
-    """What a verdict rests on, in words: each test with its Holm-adjusted p, and the readings that differ."""
+    """What a verdict rests on, in words: each test with its Holm-adjusted p, and the readings that differ: those
+    on the other side of the line (they disagree in sign) apart from those that only fail to resolve."""
     if not v.readings:
         return v.text
     (metric, tests), *others = v.readings.items()
     text = ("collapses" if metric == "collapsed" else f"{metric} difference") + ": " + "; ".join(
         f"{t.name}: {t.text}" + (f" (Holm p {t.adjusted:.3f})" if math.isfinite(t.adjusted) else "") for t in tests)
-    if v.verdict == cl.DEPENDS:
-        by = {m: cl.combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
+    by = {m: cl.combine([t.outcome for t in ts]) for m, ts in v.readings.items()}
+    if len(set(by.values())) > 1 and v.verdict not in (cl.NO_VERDICT, by[metric]):
+        flipped = cl.other_side(v)
         text += f"; {by[metric]} on {cl.READINGS[metric]}, but " + "; ".join(
             f"{by[m]} on {cl.READINGS[m]} (" + "; ".join(f"{t.name} {ci_text(t.ci, signed=True)}" for t in ts) + ")"
+            + (f", on the other side of the line in {', '.join(flipped[m])}" if flipped[m] else
+               ", on the same side of the line" + (": it only fails to resolve" if by[m] not in (cl.AGREES, cl.DISAGREES)
+                                                  else ""))
             for m, ts in others if by[m] != by[metric])
+        if by[metric] not in (cl.AGREES, cl.DISAGREES) and not any(flipped.values()):
+            text += f"; {cl.READINGS[metric]} only fails to resolve"
     return text
 
 
+def budget(v: cl.Verdict, runs: pd.DataFrame) -> int:
+    """The optimizer steps of the claim's sweep (0 where it has not run)."""
+    return int(runs[runs.sweep == v.claim.sweep].updates.max()) if (runs.sweep == v.claim.sweep).any() else 0
+
+
 def together_text(verdicts: list[cl.Verdict], numbers: list[int], runs: pd.DataFrame) -> str:
-    """Claims that make the same comparison at different budgets (optimizer steps), read side by side."""
-    vs = {i: verdicts[i - 1] for i in numbers if (runs.sweep == verdicts[i - 1].claim.sweep).any()}
-    budget = {i: int(runs[runs.sweep == v.claim.sweep].updates.max()) for i, v in vs.items()}
+    """Claims that make the same comparison at different budgets (optimizer steps), read side by side, the shorter
+    budget also on the longer one's seeds (the pair compared: same seeds, two budgets)."""
+    vs = {i: verdicts[i - 1] for i in numbers if budget(verdicts[i - 1], runs)}
+    updates = {i: budget(v, runs) for i, v in vs.items()}
     lines = []
     for name in dict.fromkeys(t.name for v in vs.values() for t in next(iter(v.readings.values()), [])):
         seen = sorted(((i, t) for i, v in vs.items() for t in next(iter(v.readings.values())) if t.name == name),
-                      key=lambda x: budget[x[0]])
+                      key=lambda x: updates[x[0]])
         if len(seen) < 2:
             continue
-        lines.append(f"{name}: " + "; ".join(f"after {budget[i]} updates {t.text} (claim {i}: {vs[i].verdict})"
+        lines.append(f"{name}: " + "; ".join(f"after {updates[i]} updates {t.text} (claim {i}: {vs[i].verdict})"
                                             for i, t in seen) + ".")
         (i1, t1), (i2, t2) = seen[0], seen[-1]
+        if t1.values is not None and t2.values is not None and len(t2.values) < len(t1.values):
+            t1 = cl.Test(t1.name, "", t1.p, t1.side, 0, 0.0, ci=mean_ci(t1.values[t1.values.index.isin(
+                t2.values.index)]))  # the shorter budget on the longer one's seeds
+            lines.append(f"On the {t1.ci.n} seeds both budgets ran, after {updates[i1]} updates: "
+                         f"{ci_text(t1.ci, signed=True)}.")
         if t1.ci and t2.ci and t1.ci.resolved and t2.ci.resolved:
             has0 = [ci.low <= 0 <= ci.high for ci in (t1.ci, t2.ci)]
             apart = t1.ci.high < t2.ci.low or t2.ci.high < t1.ci.low or has0[0] != has0[1]
-            lines.append(f"So it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after {budget[i1]} updates and "
-                         f"between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after {budget[i2]}" + (
-                             ": what the shorter runs measure does not hold for the longer ones." if apart else
-                             ": the two budgets agree within their intervals."))
+            lines.append(f"So on {t2.ci.n} paired seeds it lies between {t1.ci.low:+.3f} and {t1.ci.high:+.3f} after "
+                         f"{updates[i1]} updates and between {t2.ci.low:+.3f} and {t2.ci.high:+.3f} after "
+                         f"{updates[i2]}" + (": what the shorter runs measure does not hold for the longer ones."
+                                             if apart else ": the two budgets agree within their intervals."))
     return (f"**Claims {', '.join(map(str, numbers))} read together** (the same comparison at different budgets): "
             + " ".join(lines)) if lines else ""
 
 
-def claims_table(verdicts: list[cl.Verdict]) -> str:
+def claims_table(verdicts: list[cl.Verdict], runs: pd.DataFrame) -> str:
     return markdown([{"#": str(i), "the paper says": v.claim.paper, "sweep": v.claim.sweep,
-                      "we measured": measured(v).replace("|", "\\|"), "agrees?": f"**{v.verdict}**",
-                      "robustness": v.robustness or "–"} for i, v in enumerate(verdicts, 1)])
+                      "updates": str(budget(v, runs) or "–"), "we measured": measured(v).replace("|", "\\|"),
+                      "agrees?": f"**{v.verdict}**", "robustness": v.robustness or "–"}
+                     for i, v in enumerate(verdicts, 1)])
 
 
 def sweeps_table(sweeps: dict[str, Sweep], runs: pd.DataFrame, root: Path, page_dir: Path) -> str:

@@ -27,7 +27,7 @@ from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.metrics import read_jsonl
 
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
-SESSIONS = "sessions.jsonl"  # a sweep directory's record of the `vespo sweep` calls that ran it (vespo.sweep.provenance)
+SESSIONS = "sessions.jsonl"  # a sweep directory's record of its `vespo sweep` calls (vespo.sweep.provenance)
 LR_AXIS = "lr"
 EVAL = "eval/reward_sampled"  # a held-out evaluation during training (256 problems in the lab)
 TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training reward over windows of updates
