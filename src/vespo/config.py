@@ -17,14 +17,18 @@ policy is j versions past the weights that sampled it: its lag is j.
 
 from __future__ import annotations
 
-from functools import reduce
+from functools import cached_property, reduce
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vespo.errors import UserError
+
+if TYPE_CHECKING:
+    from vespo.losses.base import BaseLossConfig
+    from vespo.losses.registry import LossSpec
 
 
 class ConfigError(UserError, ValueError):
@@ -133,34 +137,45 @@ class AdvantageConfig(Section):
 
 
 class LossConfig(Section):
+    """The loss by name and its options as written (``loss.options`` in YAML, ``written`` here: what a run
+    directory records). ``spec`` (the registry's LossSpec, looked up once) and ``options`` (the loss's own typed
+    config, e.g. a VespoConfig, built once from ``written``) are derived when the section validates."""
+
     name: str = "vespo"
     """policy loss (see `vespo.losses.loss_names()`)"""
-    options: dict = {}
+    written: dict = Field({}, alias="options")
     """options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}, validated into it once (then
     cfg.loss.options is e.g. a VespoConfig); rollout_correction: {mode: ...} acts on pi_old/pi_rollout with mu
     recomputed and, with mu = the engine's log-probs (behavior rollout), as its rejection part on pi/pi_rollout
     (tis_* refused there but for reinforce with is_level=none); opsm_delta masks A < 0 sequences whose mean
     log(mu/pi) > delta (docs/losses.md)"""
-    _given: dict = PrivateAttr({})  # the options as written: the keys a run directory records
 
-    def model_post_init(self, context: Any) -> None:
-        """Build the loss's typed config, its class taken from the registry (a loss registered at run time too)."""
+    @cached_property
+    def spec(self) -> LossSpec:
+        """The registered loss (a loss registered at run time too), looked up once."""
         from vespo.losses import get_loss
 
+        return get_loss(self.name)
+
+    @cached_property
+    def options(self) -> BaseLossConfig:
+        """The loss's own config (its dataclass), built from the options as written."""
+        return self.spec.config_cls(**self.written)
+
+    @model_validator(mode="after")
+    def _build(self) -> LossConfig:
+        """Look the loss up and build its config now, so a bad name or option is refused with the config."""
         try:
-            cls = get_loss(self.name).config_cls
+            self.spec
         except ValueError as e:
             raise ConfigError(f"loss.name: {e}") from None
-        try:  # validation builds the frozen section's one derived value
-            self._given, self.__dict__["options"] = self.options, cls(**self.options)
+        try:
+            self.options
         except (TypeError, ValueError) as e:  # TypeError: an option the loss does not have
+            cls = self.spec.config_cls
             valid = f"; valid options: {sorted(cls.__dataclass_fields__)}" if isinstance(e, TypeError) else ""
             raise ConfigError(f"loss.options for {self.name!r}: {e}{valid}") from None
-
-    @field_serializer("options")
-    def _as_written(self, options: Any) -> dict:
-        """What a run directory records: the options as written, their values read from the built config."""
-        return _read_back(options, self._given)
+        return self
 
 
 class OptimConfig(Section):
@@ -396,12 +411,6 @@ def field_schemas(section: str | None = None) -> dict[str, dict]:
     """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
     sections = {f.alias or name: f.annotation for name, f in Config.model_fields.items()}
     return (sections[section] if section else Config).model_json_schema(by_alias=True)["properties"]
-
-
-def _read_back(obj: Any, given: dict) -> dict:
-    """The keys of ``given`` (nested mappings too), their values read from the built object ``obj``."""
-    return {k: _read_back(getattr(obj, k), v) if isinstance(v, dict) and not isinstance(getattr(obj, k), dict)
-            else getattr(obj, k) for k, v in given.items()}
 
 
 # ---------------------------------------------------------------- rules across fields

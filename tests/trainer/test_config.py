@@ -20,8 +20,24 @@ def test_overrides_parse_values_by_type(tmp_path):
     assert cfg.loss.name == "gspo" and cfg.staleness.n == 4
     assert cfg.optim.lr == pytest.approx(2e-4) and isinstance(cfg.optim.lr, float)
     assert cfg.loss.options == get_loss("gspo").config_cls(agg="token-mean")  # built once, typed
+    assert cfg.loss.spec is get_loss("gspo") and cfg.loss.options is cfg.loss.options  # looked up and built once
     assert to_dict(cfg)["loss"]["options"] == {"agg": "token-mean"}  # recorded as written
     assert cfg.async_.workers == 2 and cfg.model.path is None
+
+
+def test_loss_options_are_recorded_as_written_and_read_back_to_the_same_config():
+    """A nested option (rollout_correction) is the loss's typed config in memory, the mapping as written on disk, and
+    the written mapping builds the same config again."""
+    from vespo.config import from_dict
+
+    cfg = load_config(None, ["loss.name=reinforce", "loss.options={is_level: none, rollout_correction: {mode: "
+                             "tis_token, threshold: 3.0}}"])
+    assert cfg.loss.options.rollout_correction == type(cfg.loss.options.rollout_correction)(mode="tis_token",
+                                                                                           threshold=3.0)
+    written = {"is_level": "none", "rollout_correction": {"mode": "tis_token", "threshold": 3.0}}
+    assert to_dict(cfg)["loss"]["options"] == written
+    again = from_dict(to_dict(cfg))
+    assert again.loss.options == cfg.loss.options and to_dict(again) == to_dict(cfg)
 
 
 @pytest.mark.parametrize("override, words", [
