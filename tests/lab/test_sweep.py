@@ -89,7 +89,7 @@ def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     page = tmp_path / "docs" / "results.md"
     assert report.main([str(out), "--claims", str(claims), "--page", str(page)]) == 0
     text = page.read_text()
-    assert re.search(r"\| 1 +\| VESPO above GRPO at N = 4 +\| quick +\| eval_sampled difference: vs loss=grpo: ", text)
+    assert re.search(r"\| 1 +\| VESPO above GRPO at N = 4 +\| quick +\| 4 +\| eval_sampled difference: vs loss=grpo: ", text)
     assert "(one seed)" in text and "Single runs are not results" in text
     assert "vespo sweep " in text and "4 / 4" in text
     links = [x for x in re.findall(r"\]\(([^)]+\.(?:png|md))\)", text) if x != "lab.md"]  # lab.md: docs/ only
