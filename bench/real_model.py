@@ -244,7 +244,7 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     from steps import stepper
 
     from vespo.config import load_config
-    from vespo.heap import return_freed_memory
+    from vespo.allocator import return_freed_memory
 
     return_freed_memory()  # as every `vespo` command does (freed tensors go back to the system)
     import reasoning_gym  # noqa: F401  the libraries the run will use, loaded before the model: their RSS

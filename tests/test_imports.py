@@ -9,10 +9,11 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 CORE = ("vespo.types", "vespo.errors", "vespo.charset", "vespo.config", "vespo.losses", "vespo.models",
         "vespo.rollout", "vespo.tasks", "vespo.rewards", "vespo.data", "vespo.metrics", "vespo.advantages",
-        "vespo.buffer", "vespo.evaluation", "vespo.kernels", "vespo.plot")
-ABOVE_CORE = ("vespo.trainer", "vespo.lab", "vespo.sweep", "vespo.integrations", "vespo.cli", "vespo.eval_cli")
-ABOVE_TRAINER = ("vespo.lab", "vespo.sweep", "vespo.integrations", "vespo.cli", "vespo.eval_cli")
-ABOVE_LAB = ("vespo.trainer", "vespo.sweep", "vespo.integrations", "vespo.cli", "vespo.eval_cli")
+        "vespo.buffer", "vespo.evaluation", "vespo.coefficients", "vespo.plot", "vespo.allocator")
+COMMANDS = ("vespo.cli", "vespo.eval_cli", "vespo.plot_cli", "vespo.coefficients_cli")  # the top-level command lines
+ABOVE_CORE = ("vespo.trainer", "vespo.lab", "vespo.sweep", "vespo.integrations", *COMMANDS)
+ABOVE_TRAINER = ("vespo.lab", "vespo.sweep", "vespo.integrations", *COMMANDS)
+ABOVE_LAB = ("vespo.trainer", "vespo.sweep", "vespo.integrations", *COMMANDS)
 
 
 def module_name(path: Path) -> str:
@@ -66,3 +67,20 @@ def test_no_import_runs_back_up_a_layer():
           if (under(a, CORE) and under(b, ABOVE_CORE)) or (under(a, ("vespo.trainer",)) and under(b, ABOVE_TRAINER))
           or (under(a, ("vespo.lab",)) and under(b, ABOVE_LAB))]
     assert up == []
+
+
+def test_every_command_is_a_cli_modules_main_and_no_other_module_has_one():
+    """`vespo NAME` runs `main(argv: list[str]) -> int` of a module named cli (its package's cli.py, or
+    <module>_cli.py beside a top-level module); a library module has no main."""
+    from vespo.cli import COMMANDS
+
+    assert all(module.rsplit(".", 1)[-1].endswith("cli") for module, _ in COMMANDS.values()), COMMANDS
+    mains = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "main":
+                mains[module_name(path)] = (ast.unparse(node.args), ast.unparse(node.returns))
+    assert {m for m in mains if not m.rsplit(".", 1)[-1].endswith("cli")} == set()
+    commands = {module for module, _ in COMMANDS.values()}
+    assert commands <= set(mains) and {m: a for m, a in mains.items() if m in commands and a != ("argv: list[str]", "int")} \
+        == {}

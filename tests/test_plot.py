@@ -2,7 +2,8 @@
 
 import json
 
-from vespo.plot import load_run, main
+from vespo.plot import load_run
+from vespo.plot_cli import main
 
 
 def _run_dir(path, rewards):

@@ -22,16 +22,17 @@ import traceback
 
 from vespo.errors import UserError, debug_requested, one_line
 
-# name -> (module with a `main(argv) -> int`, one-line help)
+# name -> (its command-line module, one-line help): each command's `main(argv: list[str]) -> int` lives in a module
+# named cli, its package's cli.py or, for a top-level module, <module>_cli.py beside it; no other module has a main
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vespo.trainer.cli", "train a policy (sync or async) from a YAML config"),
-    "kernels": ("vespo.kernels", "plot each loss's effective coefficient on grad log pi vs W"),
+    "kernels": ("vespo.coefficients_cli", "plot each loss's effective coefficient on grad log pi vs W"),
     "eval": ("vespo.eval_cli", "avg@k and pass@k of a policy on a dataset or task"),
-    "model": ("vespo.models.sources", "list the offline models, or produce a model.path's local directory"),
+    "model": ("vespo.models.cli", "list the offline models, or produce a model.path's local directory"),
     "task": ("vespo.tasks.cli", "list the tasks; write a reasoning-gym task as verl-style parquet"),
-    "plot": ("vespo.plot", "draw the curves of one or more run directories"),
+    "plot": ("vespo.plot_cli", "draw the curves of one or more run directories"),
     "sweep": ("vespo.sweep.cli", "run a grid of experiments (losses x staleness x seeds)"),
-    "report": ("vespo.lab.report", "write the table and figures of a sweep"),
+    "report": ("vespo.lab.cli", "write the table and figures of a sweep"),
 }
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    from vespo.heap import return_freed_memory
+    from vespo.allocator import return_freed_memory
 
     return_freed_memory()
     name, rest = argv[0], argv[1:]

@@ -1,4 +1,4 @@
-"""`vespo plot`: the training curves of one or more run directories on one figure.
+"""The training curves of one or more run directories on one figure (the command `vespo plot`: plot_cli.py).
 
     vespo plot runs/vespo32 runs/grpo32 --out curves.png
     vespo plot runs/sweep/loss=* --out all.png --kl engine --labels a b c
@@ -15,10 +15,8 @@ project (`vespo plot` and the lab's reports): `color_of("grpo")`, `display_name(
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,26 +143,3 @@ def _style(ax, title: str, logy: bool, xlabel: str) -> None:
     if logy and any(v > 0 and math.isfinite(v) for line in ax.get_lines() for v in line.get_ydata()):
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vespo plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
-    p.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
-    p.add_argument("--labels", nargs="+", help="one legend label per run (default: the directory names)")
-    p.add_argument("--kl", choices=sorted(KL_KEYS), default="stale",
-                   help="stale: kl/k3 between the updated and the behavior policy; engine: mismatch/k3")
-    p.add_argument("--title", default="", help="figure title")
-    p.add_argument("--x", choices=["updates", "step"], default="updates",
-                   help="x axis: optimizer steps (default; comparable across N) or logged rollout step")
-    args = p.parse_args(argv)
-    if args.labels and len(args.labels) != len(args.runs):
-        p.error(f"--labels has {len(args.labels)} labels for {len(args.runs)} runs")
-    try:
-        runs = [load_run(r) for r in args.runs]
-    except (FileNotFoundError, ValueError) as e:
-        print(f"vespo plot: {e}", file=sys.stderr)
-        return 2
-    out = plot_runs(runs, args.labels or [Path(r).name for r in args.runs], args.out, args.kl, args.title, args.x)
-    print(f"wrote {out}")
-    return 0

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from vespo.lab import collapse, report, stats
+from vespo.lab import cli as report_cli
 from vespo.lab.runs import read_lab, read_sweep
 
 from markdown_table import cells
@@ -45,7 +46,7 @@ def test_the_page(synthetic, tmp_path):
          "compare": {"a": {"length_norm": "none"}, "b": {"length_norm": "sqrt"}}},
     ]}))
     page = tmp_path / "docs" / "results.md"
-    assert report.main([str(st.dir), str(ab.dir), "--claims", str(claims), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), str(ab.dir), "--claims", str(claims), "--page", str(page)]) == 0
     text = page.read_text()
     assert "Single runs are not results" in text and "grow chaotically" in text and "distribution over seeds" in text
     rows = cells(text.split("## The paper's claims")[1].split("How a row is decided")[0])[1:]
@@ -77,7 +78,7 @@ def test_the_page_says_how_numbers_are_judged_from_the_code(synthetic, tmp_path)
     intervals and applies the rule, and the page shows the same tables as each sweep's report."""
     st, ab = _sweeps(synthetic)
     page = tmp_path / "results.md"
-    assert report.main([str(st.dir), str(ab.dir), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), str(ab.dir), "--page", str(page)]) == 0
     text = page.read_text()
     assert f"Every interval on this page is a {stats.METHOD} at 90%" in text
     for c in stats.coverage_table():
@@ -97,7 +98,7 @@ def test_the_recommendation_comes_from_the_sweeps(synthetic, tmp_path):
     claims.write_text(yaml.safe_dump({"recommend": [{"setting": "synchronous training", "sweep": "staleness",
                                                      "among": "loss", "over": "N"}], "claims": []}))
     page = tmp_path / "results.md"
-    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
     # vespo - grpo = +0.1 on each of 3 seeds, at both N
     assert "**Synchronous training**" in head
@@ -114,11 +115,11 @@ def test_the_recommendation_can_name_the_values_of_its_axis_it_holds_at(syntheti
     entry = {"setting": "synchronous training", "sweep": "staleness", "among": "loss", "over": "N", "at": ["64"]}
     claims.write_text(yaml.safe_dump({"recommend": [entry], "claims": []}))
     page = tmp_path / "results.md"
-    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 0
     head = page.read_text().split("## Recommendation")[1].split("**Single runs")[0]
     assert "- N = 64, held-out sampled accuracy after 16 updates: use **VESPO**" in head and "N = 1" not in head
     claims.write_text(yaml.safe_dump({"recommend": [{**entry, "at": ["32"]}], "claims": []}))
-    assert report.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 2
+    assert report_cli.main([str(st.dir), "--claims", str(claims), "--page", str(page)]) == 2
     assert "recommend[0]: sweep 'staleness' has no axis 'loss' or 'N', or at ['32'] is not on it" in \
         capsys.readouterr().err
 
@@ -133,7 +134,7 @@ def test_the_sweep_files_description_heads_its_tables_and_excluded_runs_stay_out
     _, runs = read_lab([st.dir])
     assert len(runs) == 9 and not ((runs.loss == "grpo") & (runs.N == "1")).any()
     page = tmp_path / "results.md"
-    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), "--page", str(page)]) == 0
     text = page.read_text()
     section = text.split("### `staleness`")[1]
     assert section.index("only VESPO runs there.") < section.index("| loss ")
@@ -149,7 +150,7 @@ def test_the_page_removes_files_it_no_longer_makes(synthetic, tmp_path):
     stale = tmp_path / "results" / "staleness" / "reward_equal_curve.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
-    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), "--page", str(page)]) == 0
     assert not stale.exists()
     assert sorted(p.name for p in stale.parent.iterdir()) == ["grad_norm.png", "headline.png", "kl.png", "report.md",
                                                               "reward.png", "runs.json.gz"]
@@ -164,7 +165,7 @@ def test_the_page_supersedes_the_in_progress_copy_of_a_sweep_it_shows(synthetic,
     for folder in (shown, other):
         folder.mkdir(parents=True)
         (folder / "report.md").write_text("partial")
-    assert report.main([str(st.dir), "--page", str(page)]) == 0
+    assert report_cli.main([str(st.dir), "--page", str(page)]) == 0
     assert not shown.exists() and (other / "report.md").read_text() == "partial"
 
 
@@ -175,13 +176,13 @@ def test_two_sweeps_with_one_name_are_refused(synthetic, tmp_path, capsys):
     b_root.mkdir()
     b = synthetic("x", {"seed": ["0"]}, root=b_root)
     b.run({"seed": "0"}, [0.1])
-    assert report.main([str(a.dir), str(b.dir), "--page", str(tmp_path / "p.md")]) == 2
+    assert report_cli.main([str(a.dir), str(b.dir), "--page", str(tmp_path / "p.md")]) == 2
     assert "two sweep directories are named 'x'" in capsys.readouterr().err
 
 
 def test_claims_need_a_page(tmp_path):
     with pytest.raises(SystemExit):
-        report.main([str(tmp_path), "--claims", "c.yaml"])
+        report_cli.main([str(tmp_path), "--claims", "c.yaml"])
 
 
 def test_the_page_measures_the_collapse_rules_misses_against_an_independent_criterion(synthetic, tmp_path):
@@ -198,7 +199,7 @@ def test_the_page_measures_the_collapse_rules_misses_against_an_independent_crit
     for seed in "0123":
         sw.run({"lr": "1e-3", "seed": seed}, [0.3, 0.5, 0.0, 0.0], eval_sampled=0.0, before=0.3)
     page = tmp_path / "results.md"
-    assert report.main([str(sw.dir), "--page", str(page)]) == 0
+    assert report_cli.main([str(sw.dir), "--page", str(page)]) == 0
     text = " ".join(page.read_text().split())
     high = beta.ppf(0.95, 2, 4)  # 1 of 5: [beta.ppf(0.05, 1, 5), beta.ppf(0.95, 2, 4)]
     assert (f"it calls 5 runs collapsed, and the rule missed 1 of them, 0.200 [{beta.ppf(0.05, 1, 5):.3f}, {high:.3f}] "

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from vespo.lab import figures, report
+from vespo.lab import cli as report_cli
 from vespo.lab.grid import Axis, Sweep
 from vespo.lab.runs import by_seed, read_lab
 from vespo.lab.stats import ci_text, mean_ci, paired
@@ -127,7 +128,7 @@ def test_a_run_that_failed_otherwise_is_left_out_and_counted(synthetic):
 def test_report_main_writes_markdown_and_figures(synthetic, tmp_path):
     sw, _ = _staleness(synthetic)
     out = tmp_path / "rep"
-    assert report.main([str(sw.dir), "--out", str(out)]) == 0
+    assert report_cli.main([str(sw.dir), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert "![headline](headline.png)" in md and "Paired differences against loss = vespo" in md
     assert sorted(p.name for p in out.glob("*.png")) == ["grad_norm.png", "headline.png", "kl.png", "reward.png"]
@@ -146,10 +147,10 @@ def test_layout_defaults_and_bad_axes():
 
 
 def test_not_a_sweep_directory_is_named(tmp_path, capsys):
-    assert report.main([str(tmp_path)]) == 2
+    assert report_cli.main([str(tmp_path)]) == 2
     assert "no sweep.json" in capsys.readouterr().err
 
 
 def test_several_sweeps_need_a_page(tmp_path):
     with pytest.raises(SystemExit):
-        report.main([str(tmp_path / "a"), str(tmp_path / "b")])
+        report_cli.main([str(tmp_path / "a"), str(tmp_path / "b")])

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from vespo.lab import report
+from vespo.lab import cli as report_cli
 from vespo.lab.grid import SweepError, load_sweep
 from vespo.lab.runs import ARCHIVE, read_lab
-from vespo.sweep import cli, plan
+from vespo.sweep import plan
+from vespo.sweep import cli as sweep_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "configs" / "lab" / "async.yaml"
@@ -40,7 +42,7 @@ def test_the_archived_runs_come_back_skipped_and_read_as_before(tmp_path, capsys
     # one run of the archive had not finished: it is left out and planned again
     body["runs"][3]["summary"] = None
     archive = _write(body, tmp_path / ARCHIVE)
-    assert cli.main([str(SWEEP), "--out", str(out), "--from-archive", str(archive), "--dry-run"]) == 0
+    assert sweep_cli.main([str(SWEEP), "--out", str(out), "--from-archive", str(archive), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "17 finished runs written back" in printed
     jobs = plan.plan(load_sweep(SWEEP), out, only={"seed": {"0", "1"}})
@@ -62,10 +64,10 @@ def test_the_archived_runs_come_back_skipped_and_read_as_before(tmp_path, capsys
 def test_the_report_of_a_restored_sweep_writes_the_archive_it_came_from(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the sweep file named as the committed sweep named it
     archive = _write(_body(), tmp_path / ARCHIVE)
-    assert report.main([str(archive), "--out", str(tmp_path / "a")]) == 0  # the archive as a report writes it
+    assert report_cli.main([str(archive), "--out", str(tmp_path / "a")]) == 0  # the archive as a report writes it
     out = tmp_path / "async"
     assert plan.restore(archive, load_sweep("configs/lab/async.yaml"), out) == 18
-    assert report.main([str(out), "--out", str(tmp_path / "b")]) == 0
+    assert report_cli.main([str(out), "--out", str(tmp_path / "b")]) == 0
     assert (tmp_path / "b" / ARCHIVE).read_bytes() == (tmp_path / "a" / ARCHIVE).read_bytes()
     def lines(folder):  # the report less the lines naming where it was read from
         return [x for x in (folder / "report.md").read_text().splitlines() if str(tmp_path) not in x]
@@ -100,6 +102,6 @@ def test_an_archive_of_another_condition_is_refused_by_name(tmp_path, capsys, ch
     archive = _write(body, tmp_path / ARCHIVE)
     with pytest.raises(SweepError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan.restore(archive, load_sweep(SWEEP), tmp_path / "async")
-    assert cli.main([str(SWEEP), "--out", str(tmp_path / "async"), "--from-archive", str(archive),
+    assert sweep_cli.main([str(SWEEP), "--out", str(tmp_path / "async"), "--from-archive", str(archive),
                        "--dry-run"]) == 2
     assert message in capsys.readouterr().err

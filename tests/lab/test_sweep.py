@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from vespo.lab import report
+from vespo.lab import cli as report_cli
 from vespo.lab.grid import SweepError, load_sweep
-from vespo.sweep import cli, plan, provenance
+from vespo.sweep import plan, provenance
+from vespo.sweep import cli as sweep_cli
 
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "lab" / "quick.yaml"
 SMALL = ["task.eval_size=8", "warmstart.steps=10"]
@@ -23,7 +25,7 @@ def quick_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     out = root / "quick"
     argv = [str(QUICK), "--out", str(out), "--jobs", "2", f"warmstart.cache_dir={root / 'ws'}", *SMALL]
-    assert cli.main(argv) == 0
+    assert sweep_cli.main(argv) == 0
     return out, argv
 
 
@@ -68,26 +70,26 @@ def test_a_second_call_skips_the_finished_runs(quick_sweep, capsys):
     spec.overrides += argv[5:]  # the cache dir and SMALL, as given on the command line
     assert {j.action for j in plan.plan(spec, out)} == {"skip"}
     before = (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text()
-    assert cli.main(argv) == 0
+    assert sweep_cli.main(argv) == 0
     assert "4 skip" in capsys.readouterr().out
     assert (out / "loss=grpo,N=1,seed=0" / "metrics.jsonl").read_text() == before
 
 
 def test_report_and_page_from_the_real_runs(quick_sweep, tmp_path):
     out, _ = quick_sweep
-    assert report.main([str(out), "--out", str(tmp_path / "rep")]) == 0
+    assert report_cli.main([str(out), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert re.search(r"\| grpo +\| 1 +\| 1 +\|", md) and "Paired differences against loss = vespo" in md
     assert (tmp_path / "rep" / "headline.png").read_bytes()[:4] == b"\x89PNG"
     # the archive beside the report holds every metric the report reads of these real runs
-    assert report.main([str(tmp_path / "rep" / "runs.json.gz"), "--out", str(tmp_path / "again")]) == 0
+    assert report_cli.main([str(tmp_path / "rep" / "runs.json.gz"), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "report.md").read_text() == md
     claims = tmp_path / "claims.yaml"
     claims.write_text(yaml.safe_dump({"claims": [
         {"paper": "VESPO above GRPO at N = 4", "sweep": "quick", "expect": "report",
          "compare": {"a": {"loss": "vespo", "N": "4"}, "b": {"loss": "grpo", "N": "4"}}}]}))
     page = tmp_path / "docs" / "results.md"
-    assert report.main([str(out), "--claims", str(claims), "--page", str(page)]) == 0
+    assert report_cli.main([str(out), "--claims", str(claims), "--page", str(page)]) == 0
     text = page.read_text()
     assert re.search(r"\| 1 +\| VESPO above GRPO at N = 4 +\| quick +\| 4 +\| eval_sampled difference: vs loss=grpo: ", text)
     assert "(one seed)" in text and "Single runs are not results" in text
@@ -110,7 +112,7 @@ def test_a_changed_base_config_is_refused(quick_sweep, tmp_path):
 
 def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "dry"
-    assert cli.main([str(QUICK), "--out", str(out), "--dry-run", "--only", "N=4"]) == 0
+    assert sweep_cli.main([str(QUICK), "--out", str(out), "--dry-run", "--only", "N=4"]) == 0
     printed = capsys.readouterr().out
     assert "2 runs (2 start)" in printed
     assert "expected wall time for the 2 pending runs: 0 min (the sweep file assumes 8 s per run with 2" in printed
@@ -125,7 +127,7 @@ def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path,
 
 
 def test_only_rejects_values_outside_the_grid(tmp_path, capsys):
-    assert cli.main([str(QUICK), "--out", str(tmp_path / "x"), "--dry-run", "--only", "N=64"]) == 2
+    assert sweep_cli.main([str(QUICK), "--out", str(tmp_path / "x"), "--dry-run", "--only", "N=64"]) == 2
     assert "N=['64'] is not on the grid" in capsys.readouterr().err
 
 
@@ -136,7 +138,7 @@ def test_a_failing_run_is_recorded_and_kept_as_failed(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "bad"
-    assert cli.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
+    assert sweep_cli.main([str(path), "--out", str(out), "--jobs", "1"]) == 1
     lab = json.loads((out / "seed=0" / "lab.json").read_text())
     assert lab["status"] == "failed" and lab["returncode"] != 0
     assert [j.action for j in plan.plan(load_sweep(path), out)] == ["failed"]
@@ -216,7 +218,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     job.run_dir.mkdir(parents=True)
     (job.run_dir / "metrics.jsonl").write_text("")  # what the killed process had written
     assert [j.action for j in planned()] == ["resume"]
-    assert cli.main(argv) == 0
+    assert sweep_cli.main(argv) == 0
     assert json.loads((job.run_dir / "summary.json").read_text())["status"] == "done"
     steps = [json.loads(line)["step"] for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps and steps == sorted(set(steps))  # one run's rows, once each
@@ -230,13 +232,13 @@ def test_a_sweep_on_ray_runs_its_runs_as_tasks_side_by_side_and_resumes(tmp_path
     out = tmp_path / "ray"
     argv = [str(QUICK), "--out", str(out), "--jobs", "2", "--ray-address", "local", "--only", "loss=vespo",
             f"warmstart.cache_dir={tmp_path / 'ws'}", "warmstart.steps=0", *SMALL[:1]]
-    assert cli.main(argv) == 0
+    assert sweep_cli.main(argv) == 0
     labs = [json.loads((out / name / "lab.json").read_text()) for name in NAMES[2:]]
     assert all(lab["status"] == "finished" and lab["returncode"] == 0 for lab in labs)
     first, second = sorted(labs, key=lambda lab: lab["started"])
     assert second["started"] < first["ended"]  # the two runs overlapped
     assert all(json.loads((out / name / "summary.json").read_text())["status"] == "done" for name in NAMES[2:])
-    assert cli.main(argv) == 0  # resumes: both skipped
+    assert sweep_cli.main(argv) == 0  # resumes: both skipped
     assert all(json.loads((out / name / "lab.json").read_text())["started"] == lab["started"]
                for name, lab in zip(NAMES[2:], labs))
 
@@ -245,6 +247,6 @@ def test_report_skips_plain_files_a_glob_matched(quick_sweep, tmp_path, capsys):
     out, _ = quick_sweep
     log = out.parent / "driver.log"
     log.write_text("a sweep driver's log beside the sweep directories\n")
-    assert report.main([str(out), str(log), "--out", str(tmp_path / "report")]) == 0
+    assert report_cli.main([str(out), str(log), "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.md").is_file()
     assert "skipping 1 file(s) that are not sweep directories" in capsys.readouterr().err

@@ -1,23 +1,16 @@
-"""`vespo report`: the tables and figures of a sweep, or the results page over several.
+"""The tables and figures of a sweep (write_sweep), and the results page over several (write_page), worded by the
+template page.md, whose sections are bound by name; the command `vespo report` is vespo.lab.cli.
 
-    vespo report runs/staleness                        runs/staleness/report/report.md and PNGs
-    vespo report runs/staleness --out docs/results/staleness --panel loss --curve N
-    vespo report runs/lab/* --claims configs/lab/claims.yaml --page docs/results.md
-
-A SWEEP_DIR may also be a sweep's archive (runs.json.gz, or the report folder holding it). A report is
-report.md (per condition and per run; docs/lab.md, `vespo report`), its figures and the sweep's archive. With
---page every sweep's report goes to results/<name>/ beside the page, the template page.md filled.
+A report is report.md (per condition and per run; docs/lab.md, `vespo report`), its figures and the sweep's
+archive. The page puts every sweep's report in results/<name>/ beside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
-import shlex
 import shutil
-import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -37,51 +30,20 @@ from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
+
+
+def template(text: str) -> dict[str, str]:
+    """The template's sections by name: "page" (before the first marker), then each ``<!-- the NAME section -->``."""
+    page, *named = re.split(r"\n<!-- the (\w+) section -->\n", text.rstrip("\n"))
+    return {"page": page, **dict(zip(named[::2], named[1::2]))}
+
+
 # the words of the page and the reports, one string per section of the template
-PAGE, RECOMMEND, NOISE, CLAIMS, HEADLINE, SWEEP, SESSIONS, REPORT, TABLES = re.split(
-    r"\n<!-- the \w+ section -->\n", Path(__file__).with_name("page.md").read_text().rstrip("\n"))
+TEMPLATE = template(Path(__file__).with_name("page.md").read_text())
 WORDS = {"level": LEVEL, "method": stats.METHOD, "reps": stats.COVERAGE_REPS, "min_seeds": stats.MIN_SEEDS,
          "alpha": stats.FAMILY_ERROR, "robust_share": cl.ROBUST_SHARE, "robust_seeds": cl.ROBUST_SEEDS,
          "band": SETTLED_BAND, "target": TARGET_REWARD, "window": TARGET_WINDOW,
          "rule": collapse.describe()}  # the constants the template's words name, given to every section
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vespo report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
-                   help=f"directories written by `vespo sweep`, or sweep archives ({ARCHIVE}, or a folder holding one)")
-    p.add_argument("--out", type=Path, help="folder for report.md and the PNGs (default: SWEEP_DIR/report; with "
-                                            "--page: results/ beside the page, one folder per sweep)")
-    p.add_argument("--panel", help="grid axis with one panel per value (default: loss)")
-    p.add_argument("--curve", help="grid axis with one curve per value (default: N)")
-    p.add_argument("--page", type=Path, help="write the results page (markdown) over all the sweeps")
-    p.add_argument("--claims", type=Path, help="claims file for the page's claims table (configs/lab/claims.yaml)")
-    args = p.parse_args(argv)
-    files = [d for d in args.sweep_dirs if Path(d).is_file() and not d.endswith(ARCHIVE)]  # a glob also matches logs
-    if files and len(files) < len(args.sweep_dirs):
-        print(f"vespo report: skipping {len(files)} file(s) that are not sweep directories: {', '.join(files)}",
-              file=sys.stderr)
-        args.sweep_dirs = [d for d in args.sweep_dirs if d not in files]
-    if len(args.sweep_dirs) > 1 and not args.page:
-        p.error("several sweep directories need --page (one report per sweep goes beside the page)")
-    if args.claims and not args.page:
-        p.error("--claims needs --page")
-    try:
-        if args.page:
-            path = write_page(list(map(Path, args.sweep_dirs)), args.page, args.claims, args.out,
-                              "vespo report " + shlex.join(argv))
-            print(f"wrote {path} and the sweeps' reports")
-            return 0
-        sweeps, runs = read_lab(args.sweep_dirs)
-        out = args.out or Path(args.sweep_dirs[0]) / "report"
-        write_sweep(next(iter(sweeps.values())), runs, out, args.panel, args.curve)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"vespo report: {e}", file=sys.stderr)
-        return 2
-    print((out / "report.md").read_text().split("Runs:")[0])
-    print(f"wrote {out / 'report.md'} and its figures")
-    return 0
 
 
 def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root: Path | None, command: str,
@@ -99,13 +61,14 @@ def write_page(paths: list[Path], page: Path, claims_path: Path | None, out_root
     heads = {name: f for name, fs in figures.items() for f in fs if f.stem == "headline"}
     headline = (claims.headline if claims else None) or next(iter(heads), None)
     fig = heads.get(headline)
-    text = PAGE.format(
+    text = TEMPLATE["page"].format(
         command=command, **WORDS, **judged(verdicts), **noise(sweeps, runs), **collapse_check(sweeps, runs),
-        recommendation="" if claims is None else RECOMMEND.format(
+        recommendation="" if claims is None else TEMPLATE["recommendation"].format(
             lines=recommendation_markdown(recommend(claims.recommend, sweeps, runs)), **WORDS),
-        claims="" if claims is None else CLAIMS.format(table=claims_table(verdicts, runs), **WORDS, together="\n\n".join(
-            t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
-        headline="" if fig is None else HEADLINE.format(figure=rel(fig), sweep=headline),
+        claims="" if claims is None else TEMPLATE["claims"].format(
+            table=claims_table(verdicts, runs), **WORDS, together="\n\n".join(
+                t for t in (together_text(verdicts, n, runs) for n in claims.read_together) if t)),
+        headline="" if fig is None else TEMPLATE["headline"].format(figure=rel(fig), sweep=headline),
         sweeps=sweeps_table(sweeps, runs, root, page.parent),
         sections="\n\n".join(sweep_section(sweep, runs[runs.sweep == name], figures[name], rel,
                                            root / name / "report.md") for name, sweep in sweeps.items()))
@@ -121,7 +84,7 @@ def write_sweep(sweep: Sweep, runs: pd.DataFrame, out: Path, panel: str | None =
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(sweep, runs, out, panel, curve) if draw else []
     seeds = sorted(set(runs.get("seed", pd.Series(dtype=str))) - {""}, key=lambda s: (len(s), s))
-    (out / "report.md").write_text(REPORT.format(
+    (out / "report.md").write_text(TEMPLATE["report"].format(
         name=sweep.name, runs=len(runs), seeds=f", seeds {', '.join(seeds)}" if seeds else "", **WORDS,
         tables=sweep_tables(sweep, runs), run_table=run_table(sweep, runs),
         figures="".join(f"![{f.stem}]({f.name})\n" for f in figures)))
@@ -231,7 +194,8 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
 
 def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> str:
     """The tables the report and the page print for a sweep, below the sweep file's description."""
-    heads = TABLES.format(reference=" = ".join(next(iter(sweep.reference.items()), "")), **WORDS).splitlines()
+    reference = " = ".join(next(iter(sweep.reference.items()), ""))
+    heads = TEMPLATE["tables"].format(reference=reference, **WORDS).splitlines()
     tables = [paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
     return "\n\n".join([*filter(None, [sweep.description, condition_table(sweep, runs)]),
                         *(f"{head}\n\n{table}" for head, table in zip(heads, tables) if table)])
@@ -269,7 +233,7 @@ def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
                       for name, s in sweeps.items()
                       for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]
-    return {"problems": problems, "noise": NOISE.format(
+    return {"problems": problems, "noise": TEMPLATE["noise"].format(
         problems=problems, sd=sd / math.sqrt(2), p=p, most=0.5 / math.sqrt(problems), sd2=sd,
         small=int((diffs < 2 * sd).sum()), diffs=len(diffs), two=2 * sd, median=np.median(diffs))}
 
@@ -344,8 +308,8 @@ def measured(v: cl.Verdict) -> str:
         text += f"; {by[metric]} on {cl.READINGS[metric]}, but " + "; ".join(
             f"{by[m]} on {cl.READINGS[m]} (" + "; ".join(f"{t.name} {ci_text(t.ci, signed=True)}" for t in ts) + ")"
             + (f", on the other side of the line in {', '.join(flipped[m])}" if flipped[m] else
-               ", on the same side of the line" + (": it only fails to resolve" if by[m] not in (cl.AGREES, cl.DISAGREES)
-                                                  else ""))
+               ", on the same side of the line" + ("" if by[m] in (cl.AGREES, cl.DISAGREES) else
+                                                  ": it only fails to resolve"))
             for m, ts in others if by[m] != by[metric])
         if by[metric] not in (cl.AGREES, cl.DISAGREES) and not any(flipped.values()):
             text += f"; {cl.READINGS[metric]} only fails to resolve"
@@ -424,12 +388,13 @@ def sweep_section(sweep: Sweep, runs: pd.DataFrame, figures: list[Path], rel, re
     """The sweep's section of the page (the template's sweep section): how it ran, its tables, its figures."""
     ran = "No sessions.jsonl: commands, commit and wall time were not recorded for this sweep."
     if s := sweep.sessions:
-        ran = SESSIONS.format(commands="\n".join(f"    {c}" for c in dict.fromkeys(x["command"] for x in s)),
-                              start=_when(s[0].get("start", "?")), wall=wall_text(s, runs), commit=commit_text(s),
-                              end=_when(s[-1].get("end") or s[-1].get("last_seen") or "?"))
-    return SWEEP.format(name=sweep.name, ran=ran, tables=sweep_tables(sweep, runs), report=rel(report),
-                        lr="".join(f"![lr]({rel(f)})" for f in figures if f.stem == "lr"),
-                        figures=", ".join(f"[{f.stem}]({rel(f)})" for f in figures))
+        commands = "\n".join(f"    {c}" for c in dict.fromkeys(x["command"] for x in s))
+        ran = TEMPLATE["sessions"].format(commands=commands, start=_when(s[0].get("start", "?")),
+                                          wall=wall_text(s, runs), commit=commit_text(s),
+                                          end=_when(s[-1].get("end") or s[-1].get("last_seen") or "?"))
+    return TEMPLATE["sweep"].format(name=sweep.name, ran=ran, tables=sweep_tables(sweep, runs), report=rel(report),
+                                    lr="".join(f"![lr]({rel(f)})" for f in figures if f.stem == "lr"),
+                                    figures=", ".join(f"[{f.stem}]({rel(f)})" for f in figures))
 
 
 def _when(iso: str) -> str:

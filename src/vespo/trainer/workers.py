@@ -36,9 +36,9 @@ class RolloutWorker:
     """One rollout process: its own engine (weights arrive by ``set_weights``) and reward function."""
 
     def __init__(self, cfg_dict: dict, sampling: Any, index: int):
-        from vespo.heap import return_freed_memory
+        from vespo.allocator import return_freed_memory
 
-        return_freed_memory()  # its decode loop re-allocates KV caches every token (vespo.heap)
+        return_freed_memory()  # its decode loop re-allocates KV caches every token (vespo.allocator)
         torch.set_num_threads(1)
         from vespo.trainer.run import build_policy, build_scorer, build_task, make_engine
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from losses.reference import adaptive_shape  # tests/ is on sys.path (rootdir import mode)
 
-from vespo.kernels import kernel_curves, main, stale_batch
+from vespo.coefficients import kernel_curves, stale_batch
+from vespo.coefficients_cli import main
 from vespo.losses.vespo_adaptive import VespoAdaptiveConfig
 
 T = 8
@@ -98,7 +99,7 @@ def test_the_plot_takes_more_curves_than_colours_and_dashes(tmp_path):
     of every figure, dash patterns repeating."""
     import torch
 
-    from vespo.kernels import plot
+    from vespo.coefficients import plot
 
     W = torch.logspace(-3, 1, 9, dtype=torch.float64)
     names = ["vespo", "vespo_adaptive:ess", "grpo", "gspo", "sapo", "cispo", "reinforce", "dppo", "m2po",

@@ -1,11 +1,11 @@
-"""vespo.heap fixes glibc's mmap threshold, so a freed large tensor goes back to the system."""
+"""vespo.allocator fixes glibc's mmap threshold, so a freed large tensor goes back to the system."""
 
 import sys
 
 import pytest
 import torch
 
-from vespo.heap import return_freed_memory
+from vespo.allocator import return_freed_memory
 
 
 def _rss_mb() -> float:
