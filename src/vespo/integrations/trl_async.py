@@ -79,7 +79,8 @@ class VespoAsyncGRPOTrainer(StepMetrics, AsyncGRPOTrainer):
         and the MoE aux loss (None unless enabled)."""
         mask_bool = inputs["attention_mask"].bool()
         selected = inputs["token_index"] >= 0
-        tree = {key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
+        tree_keys = ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
+        tree = {key: inputs[key][inputs[key] >= 0] for key in tree_keys}
         tree["tree_max_seqlen_q"], tree["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
         router = {"output_router_logits": True} if self.aux_loss_enabled else {}
         outputs = model(input_ids=inputs["input_ids"][mask_bool].unsqueeze(0),
