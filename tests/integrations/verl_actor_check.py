@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 
@@ -37,13 +36,12 @@ B, P, R, N = 8, 4, 6, 4  # sequences, prompt length, response length, rollout.n 
 
 
 def init_cpu_process_group() -> None:
-    """World size 1 over gloo, before verl's worker would initialise NCCL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    """World size 1 over gloo, rendezvous through a file (no port to race for), before verl's worker would
+    initialise its own; the rank variables are the ones verl's Worker reads."""
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="29500")  # recorded by verl's Worker, never bound: the group meets through a file
+    store = tempfile.mkdtemp(prefix="verl-gloo-")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}/rendezvous", rank=0, world_size=1)
 
 
 class CpuDevice:
