@@ -16,15 +16,18 @@ VENV="$REPO/.venv-verl"
 PY=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
 VERL_VERSION=0.9.1
+# verl's actor worker (verl.workers.engine_workers) imports its rollout server's web stack at load time, which
+# verl's own dependency list leaves out; tests/integrations/verl_actor_check.py runs that worker.
+EXTRAS="uvicorn fastapi"
 
 STAMP="$VENV/.vespo-ready"  # written after a successful build; holds the versions it was built with
-WANT="verl==$VERL_VERSION torch==$TORCH_VERSION"
+WANT="verl==$VERL_VERSION torch==$TORCH_VERSION extras=$EXTRAS"
 LOG="$VENV/setup.log"
 
 ready() {
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - <<EOF >/dev/null 2>&1
 import importlib.metadata as md
-import verl.trainer.ppo.core_algos, vespo.losses
+import verl.trainer.ppo.core_algos, verl.workers.engine_workers, vespo.losses
 assert md.version("verl") == "$VERL_VERSION"
 assert md.version("torch").split("+")[0] == "$TORCH_VERSION"
 EOF
@@ -55,9 +58,11 @@ pip_install "verl==$VERL_VERSION"
 # the light packages it imports at load time are installed explicitly.
 pip_install --no-deps -e "$REPO"
 pip_install pyyaml numpy safetensors
+# shellcheck disable=SC2086
+pip_install $EXTRAS
 
 if ! ready; then
-  echo "setup_verl_env: $VENV was built but does not import verl $VERL_VERSION and vespo.losses" >&2
+  echo "setup_verl_env: $VENV was built but does not import verl $VERL_VERSION (with its actor worker) and vespo.losses" >&2
   exit 1
 fi
 echo "$WANT" >"$STAMP"

@@ -15,18 +15,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 VERL_PYTHON = REPO / ".venv-verl" / "bin" / "python"
 CHECK = Path(__file__).with_name("verl_check.py")
+ACTOR_CHECK = Path(__file__).with_name("verl_actor_check.py")
 
 pytestmark = pytest.mark.skipif(
     not VERL_PYTHON.exists(), reason=f"verl virtualenv absent ({VERL_PYTHON}); run scripts/setup_verl_env.sh"
 )
 
 
+def run_check(script: Path) -> dict:
+    """Run a check script in the verl virtualenv; its last stdout line is its JSON result."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([str(VERL_PYTHON), str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"{script.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([str(VERL_PYTHON), str(CHECK)], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, f"verl_check.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check(CHECK)
+
+
+@pytest.fixture(scope="module")
+def actor_result() -> dict:
+    return run_check(ACTOR_CHECK)
 
 
 def test_documented_overrides_register_and_configure_vespo(result):
@@ -111,3 +122,18 @@ def test_icepop_and_bypass_mode_equal_verls(result):
         assert r[f"bypass_{case}_diff"] < 1e-12, case
     for case in ("reinforce_tis", "reinforce_icepop", "ppo_clip_geo_rs"):
         assert r[f"bypass_{case}_acted"] > 0, case
+
+
+def test_verls_actor_update_with_vespo_equals_vespos_own_loss_and_gradient(actor_result):
+    """verl 0.9.1's actor update path (update_actor -> FSDP2 engine train_batch, 4 micro-batches of 2 -> ppo_loss ->
+    loss_mode=vespo) at world size 1 on the CPU in float32: its loss and the gradient it hands the optimizer equal
+    vespo's VESPO loss on the same batch computed in one piece; the residual is float32 summation order (each
+    micro-batch's sum divided by the mini-batch's tokens, then added), a few units in the 7th digit."""
+    r = actor_result
+    assert (r["autocast_dtype"], r["param_dtype"]) == ("torch.float32", "torch.float32")
+    assert r["grad_params"] == 24 and r["grad_names_missing"] == []
+    assert abs(r["verl_loss"]) > 0.1 and r["loss_diff"] <= 2e-6 * abs(r["vespo_loss"])
+    assert r["grad_diff"] <= 2e-6 * r["grad_scale"], (r["grad_diff"], r["grad_scale"])
+    assert 0 < r["is_ess"] < 0.95  # behaviour log-probs off the policy: the weights vary
+    assert {"actor/is/ess", "actor/vespo/phi_pos_mean", "actor/vespo/phi_neg_mean", "actor/pg_loss",
+            "grad_norm"} <= set(r["metric_keys"])

@@ -72,7 +72,38 @@ TRL_IS_MODES = {
 VESPO_IS_MODES = ("token_truncate", "token_mask")  # what TRL's own loss_type="vespo" accepts
 
 
-class VespoGRPOTrainer(GRPOTrainer):
+class StepMetrics:
+    """vespo's diagnostics as one optimizer step's values, for a TRL trainer (GRPOTrainer, AsyncGRPOTrainer).
+
+    `_keep_rows` keeps each loss call's per-row statistics until the step's micro-batches are all in;
+    `log` combines the steps since the last log by the metrics' names (vespo.metrics.reduce_metrics).
+    """
+
+    def _keep_rows(self, mode: str, rows: dict[str, torch.Tensor], entropies: torch.Tensor,
+                   mask: torch.Tensor) -> None:
+        """Keep the call's rows until its optimizer step is whole (train: the accumulation window; eval: the
+        call), then record the step's metrics, formed from the rows of every process."""
+        entropy = (entropies.detach() * mask).sum(dim=-1).double()  # [B] per-row sums
+        pending = self.__dict__.setdefault("_vespo_pending", {}).setdefault(mode, [])
+        pending.append({**{k: v.detach().cpu() for k, v in rows.items()}, "entropy": entropy.cpu()})
+        if len(pending) < (self.current_gradient_accumulation_steps if mode == "train" else 1):
+            return
+        step = concat_rows(gather_object([concat_rows(pending)]))  # every process's rows of the step
+        pending.clear()
+        metrics = to_floats(summarize(step))
+        metrics["entropy"] = float(step["entropy"].sum() / step["tokens"].sum().clamp(min=1.0))
+        self.__dict__.setdefault("_vespo_steps", {}).setdefault(mode, []).append(metrics)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with vespo's metrics of the steps since the last log combined by their names."""
+        mode = "train" if self.model.training else "eval"
+        steps = self.__dict__.get("_vespo_steps", {}).pop(mode, [])
+        for key, value in reduce_metrics(steps).items():
+            self._metrics[mode][key] = [value]  # one value: TRL's mean over the window is the name's reduction
+        super().log(logs, start_time)
+
+
+class VespoGRPOTrainer(StepMetrics, GRPOTrainer):
     """TRL's GRPOTrainer with the loss computed by vespo's `loss_name` under `loss_config`.
 
     `loss_config` defaults to the loss's own defaults; for `vespo` and `vespo_adaptive` the (k, λ)
@@ -149,29 +180,6 @@ class VespoGRPOTrainer(GRPOTrainer):
         if mode == "train":
             tokens = tokens * accumulation / self.args.steps_per_generation
         return float(tokens)
-
-    def _keep_rows(self, mode: str, rows: dict[str, torch.Tensor], entropies: torch.Tensor,
-                   mask: torch.Tensor) -> None:
-        """Keep the call's rows until its optimizer step is whole (train: the accumulation window; eval: the
-        call), then record the step's metrics, formed from the rows of every process."""
-        entropy = (entropies.detach() * mask).sum(dim=-1).double()  # [B] per-row sums
-        pending = self.__dict__.setdefault("_vespo_pending", {}).setdefault(mode, [])
-        pending.append({**{k: v.detach().cpu() for k, v in rows.items()}, "entropy": entropy.cpu()})
-        if len(pending) < (self.current_gradient_accumulation_steps if mode == "train" else 1):
-            return
-        step = concat_rows(gather_object([concat_rows(pending)]))  # every process's rows of the step
-        pending.clear()
-        metrics = to_floats(summarize(step))
-        metrics["entropy"] = float(step["entropy"].sum() / step["tokens"].sum().clamp(min=1.0))
-        self.__dict__.setdefault("_vespo_steps", {}).setdefault(mode, []).append(metrics)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's log, with vespo's metrics of the steps since the last log combined by their names."""
-        mode = "train" if self.model.training else "eval"
-        steps = self.__dict__.get("_vespo_steps", {}).pop(mode, [])
-        for key, value in reduce_metrics(steps).items():
-            self._metrics[mode][key] = [value]  # one value: TRL's mean over the window is the name's reduction
-        super().log(logs, start_time)
 
 
 def _resolve_config(spec: Any, loss_config: Any, args: GRPOConfig) -> Any:
