@@ -206,18 +206,24 @@ class OptimConfig(Section):
 
 class WarmStartConfig(Section):
     enabled: bool = True
-    """supervised warm start on the task's correct answers before RL (tiny models)"""
+    """a warm start before RL (warmstart.kind), cached per seed so every run of a seed starts from the same weights"""
+    kind: Literal["supervised", "on_policy"] = "supervised"
+    """supervised: next-token training on the task's correct answers (tiny models that cannot answer yet);
+    on_policy: the seed's first on-policy updates (staleness.n=1, VESPO, which on policy is REINFORCE's update,
+    with this run's model, task, rollout, mini-batch, advantage and optim settings), run once and cached: the shared
+    start of a comparison whose conditions differ only after it (a real model off floor and ceiling)"""
     steps: int = Field(200, ge=0)
-    """supervised steps (the most, when target_accuracy is set)"""
+    """supervised steps, or on-policy updates (the most, when target_accuracy is set)"""
     target_accuracy: Float = Field(0.0, ge=0.0, le=1.0)
     """stop once the sampled accuracy (temperature as in rollout) on held-out problems reaches this; 0 runs all
-    `steps`. Gives every seed a similar start"""
+    `steps`. Gives every seed a similar start. on_policy: measured every check_every updates on the run's held-out
+    problems (the first run.eval_every_size of them, else all)"""
     check_every: int = Field(10, ge=1)
-    """supervised steps between accuracy checks when target_accuracy is set"""
+    """supervised steps (on_policy: updates) between accuracy checks when target_accuracy is set"""
     lr: Float = Field(1e-3, gt=0.0)
-    """supervised AdamW learning rate"""
+    """supervised AdamW learning rate (on_policy trains with optim.*)"""
     batch_size: int = Field(128, ge=1)
-    """supervised batch size"""
+    """supervised batch size (on_policy trains on the run's mini-batch)"""
     cache_dir: str = "~/.cache/vespo/warmstart"
     """where warm-started weights are cached per task, model and seed"""
 
@@ -461,6 +467,11 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield c.run.compile and r.router_replay != "none", (
         f"run.compile=true cannot run with rollout.router_replay={r.router_replay}: compiled layers ignore the replay "
         "hooks; set run.compile=false (replay is a no-op on a dense model: there, set rollout.router_replay=none)")
+    w = c.warmstart
+    given = sorted(w.model_fields_set & {"lr", "batch_size"})
+    yield w.enabled and w.kind == "on_policy" and given, (
+        f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
+        "optim.* on the run's own mini-batch")
     yield sync and a.learner != "local", "async.learner=actor applies to async mode (run.mode=async) only"
     yield a.learner_workers > 1 and (a.learner != "actor" or sync), (
         "async.learner_workers > 1 shards the learner actor: it needs run.mode=async and async.learner=actor (for a "

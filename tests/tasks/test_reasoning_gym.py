@@ -49,13 +49,18 @@ def test_generation_is_deterministic_and_held_out_problems_are_disjoint():
     [
         ("\\boxed{57}", 1.0),  # the dataset's verifier on the boxed answer
         ("43 + 14 = 57, so the answer is \\boxed{57}.", 1.0),
-        ("\\boxed{57.0}", 1.0),  # reasoning-gym gives 0.5 for "57.0"; math-verify says equal
-        ("43 + 14 = 57", 1.0),  # no box: math-verify takes the last expression
+        ("\\boxed{57.0}", 1.0),  # reasoning-gym gives 0.5 for "57.0"; as decimals they are equal
+        ("43 + 14 = 57", 1.0),  # no box: the last number of the text
         ("The answer is 57.", 1.0),
         ("\\boxed{58}", 0.0),
         ("\\boxed{57} ... no, \\boxed{56}", 0.0),  # the last box counts
         ("57 is close, but 43 + 14 = 60", 0.0),
         ("", 0.0),
+        # restating the question is not an answer (math-verify evaluated these to 57 and paid 1)
+        ("43 + 14 =", 0.0),
+        ("To solve it, add the numbers directly:\n\n43 + 14", 0.0),
+        ("\\boxed{43 + 14}", 0.0),
+        ("\\boxed{43+14}", 0.0),
     ],
 )
 def test_numeric_reward_hand_worked(completion, reward):

@@ -62,11 +62,11 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
 
 
 def _warm_key(cfg) -> str:
-    if not cfg.warmstart.enabled or cfg.warmstart.steps == 0 or cfg.model.path is not None or cfg.task.dataset:
-        return ""  # no warm start (build_run's condition): nothing to wait for
-    from vespo.trainer.warmstart import warmstart_cache_path  # the trainer's own cache naming
+    """The file whose presence says the run's warm start is ready ("" where it has none): the runs that share it
+    start one at a time until it is there, so it is made once."""
+    from vespo.trainer.warmstart import applies, warmstart_cache_path  # the trainer's own rule and cache naming
 
-    return str(warmstart_cache_path(cfg))
+    return str(warmstart_cache_path(cfg)) if applies(cfg) else ""
 
 
 def _config(sweep: Sweep, out: Path, point: GridPoint):

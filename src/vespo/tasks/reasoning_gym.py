@@ -11,10 +11,12 @@ user message rendered by the model's chat template (``chat=False`` sends plain t
 
 Reward: the dataset's own verifier (``score_answer``) on the extracted final answer: the content of
 the last ``\\boxed{...}``, or, when there is none, the completion itself stripped. Where the answer
-is a number, math-verify decides too (``vespo.rewards.math_verify_reward``: "12.0", "12" and
-"\\boxed{12}" agree; with no box it takes the last expression of the completion): a completion is
-right when either says so. Rewards are 0/1: a score below 1 (reasoning-gym gives partial credit
-for some near misses) counts 0 unless ``partial_credit=True``.
+is a number, a number literal decides too: the boxed content when it is one, else (no box) the last
+number in the completion, equal to the answer as a decimal ("12.0", "12" and "\\boxed{12}" agree):
+a completion is right when either says so. An expression is never evaluated: restating the question
+("6 + 8 + 5 =", "\\boxed{6+8+5}") earns nothing (math-verify, which evaluates it, paid the model for
+echoing the problem until 2026-12-05). Rewards are 0/1: a score below 1 (reasoning-gym gives partial
+credit for some near misses) counts 0 unless ``partial_credit=True``.
 
 Ground truth: ``{"answer": str, "metadata": {...}}``, the dataset entry without its question (some
 verifiers read the metadata, e.g. countdown's numbers and target). In a verl-style file the answer
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from vespo.types import Problem
 PREFIX = "rg:"
 INSTRUCTION = "Put the final answer in \\boxed{}."
 NUMBER = re.compile(r"^\s*-?\d+(\.\d+)?\s*$")
+NUMBER_IN_TEXT = re.compile(r"-?\d+(?:\.\d+)?")
 MAX_HELD_OUT_DRAW = 20  # held-out problems are searched for among this many times as many draws
 SEED_STRIDE = 2**32  # reasoning-gym seeds item i with Random(seed + i): seeds this far apart never share items
 
@@ -141,18 +145,30 @@ def final_answer(completion: str) -> str:
     return boxed[len("\\boxed{"):-1].strip() if boxed is not None else completion.strip()
 
 
-def score(dataset: str, options_json: str, completion: str, truth: dict, partial_credit: bool = False) -> float:
-    """The reward of ``completion`` (see the module docstring): the dataset's verifier, or math-verify for
-    numeric answers; 0/1 unless ``partial_credit``."""
-    from vespo.rewards.math import math_verify_reward
+def numeric_answer(completion: str) -> str | None:
+    """The number a completion answers with: the last box's content when it is a number literal (None when it is
+    anything else, e.g. an expression), else, with no box, the last number literal of the text."""
+    from vespo.rewards.math import last_boxed
 
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        inner = boxed[len("\\boxed{"):-1].strip()
+        return inner if NUMBER.match(inner) else None
+    numbers = NUMBER_IN_TEXT.findall(completion)
+    return numbers[-1] if numbers else None
+
+
+def score(dataset: str, options_json: str, completion: str, truth: dict, partial_credit: bool = False) -> float:
+    """The reward of ``completion`` (see the module docstring): the dataset's verifier, or for numeric answers the
+    number the completion answers with; 0/1 unless ``partial_credit``."""
     entry = {"question": "", "answer": truth["answer"], "metadata": truth.get("metadata", {})}
     try:
         value = float(_dataset(dataset, options_json).score_answer(final_answer(completion), entry) or 0.0)
     except Exception:  # a verifier that cannot read the answer did not verify it
         value = 0.0
     if value < 1.0 and NUMBER.match(truth["answer"]):
-        value = max(value, math_verify_reward(completion, truth["answer"]))
+        answer = numeric_answer(completion)
+        value = max(value, float(answer is not None and Decimal(answer) == Decimal(truth["answer"].strip())))
     return value if partial_credit or value >= 1.0 else 0.0
 
 

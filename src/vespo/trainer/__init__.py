@@ -20,8 +20,9 @@
 from __future__ import annotations
 
 
-def train(cfg, resume: bool = False, on_update=None) -> dict:
-    """Run (or resume) a training run, sync or async as cfg.run.mode says; returns the run summary."""
+def train(cfg, resume: bool = False, on_update=None, until=None) -> dict:
+    """Run (or resume) a training run, sync or async as cfg.run.mode says; returns the run summary. ``until(row)``,
+    asked of each metrics row with a held-out evaluation, ends the run early when it is true."""
     from vespo.trainer.loop import train as train_loop
 
-    return train_loop(cfg, resume=resume, on_update=on_update)
+    return train_loop(cfg, resume=resume, on_update=on_update, until=until)

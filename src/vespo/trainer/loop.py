@@ -46,16 +46,20 @@ from vespo.trainer.remote import build_learner
 from vespo.trainer.run import Run, build_run
 from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
 from vespo.trainer.sources import LocalSource
+from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
 
 UpdateHook = Callable[["Loop"], None]
+StopRule = Callable[[dict], bool]  # a metrics row with a held-out evaluation -> stop the run here
 
 
-def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None) -> dict:
+def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None,
+          until: StopRule | None = None) -> dict:
     """Run (or resume) a training run in the mode the config asks for; returns the run summary.
 
     Under torchrun (``vespo train --nproc P``) every rank runs this: the learner is sharded over the
     P processes and each rolls out its share of every rollout batch (vespo.trainer.distributed).
-    ``on_update(loop)`` is called after every update (tests use it to kill a worker or send Ctrl-C)."""
+    ``on_update(loop)`` is called after every update (tests use it to kill a worker or send Ctrl-C);
+    ``until(row)``, asked of every metrics row with a held-out evaluation, ends the run early when true."""
     from vespo.models.device import resolve_device
     from vespo.trainer.distributed import init_distributed, local_device, shutdown
 
@@ -64,6 +68,8 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         check_new_run_dir(cfg)  # before the model is built and warm-started
     if dist.active:
         check_rules(cfg, dist.world, torchrun=True)
+    if applies(cfg) and cfg.warmstart.kind == "on_policy":
+        make_on_policy_start(cfg)
     with ExitStack() as stack:
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
@@ -76,7 +82,33 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         stack.callback(learner.close)
         source = build_source(run, learner, dist, engine)
         stack.callback(source.close)
-        return Loop(run, learner, source, on_update, dist).fit(resume)
+        return Loop(run, learner, source, on_update, dist, until).fit(resume)
+
+
+def make_on_policy_start(cfg: Config) -> None:
+    """The seed's on-policy start (vespo.trainer.warmstart), trained once as a run of its own into the cache; a
+    second process wanting the same start waits for the first (a file lock), then reads it."""
+    import fcntl
+    import shutil
+
+    marker = warmstart_cache_path(cfg)
+    if marker.is_file():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker.parent / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if marker.is_file():
+            return
+        sub, target = on_policy_config(cfg), cfg.warmstart.target_accuracy
+        shutil.rmtree(sub.run.out_dir, ignore_errors=True)  # a start killed part-way runs again
+        console.print(f"on-policy start of seed {cfg.run.seed}: up to {sub.run.updates} updates of VESPO at N = 1"
+                      + (f" until held-out sampled accuracy >= {target:g}" if target > 0 else "")
+                      + f", cached in {marker.parent}")
+        summary = train(sub, until=(lambda row: row["eval/reward_sampled"] >= target) if target > 0 else None)
+        shutil.rmtree(Path(sub.run.out_dir) / "checkpoints", ignore_errors=True)  # the policy/ directory is kept
+        record = {"updates": summary["updates_done"], "eval": summary["eval_after"],
+                  "target_reached": bool(summary.get("target_reached", target == 0)), "seconds": summary["seconds"]}
+        write_atomic(marker, json.dumps(record, indent=2))
 
 
 def build_run_in_turn(cfg: Config, dist: Dist) -> Run:
@@ -138,9 +170,10 @@ class StepWindow:
 
 class Loop:
     def __init__(self, run: Run, learner: Learner, source: SampleSource, on_update: UpdateHook | None = None,
-                 dist: Dist | None = None):
+                 dist: Dist | None = None, until: StopRule | None = None):
         self.run, self.cfg, self.learner, self.source = run, run.cfg, learner, source
-        self.on_update = on_update
+        self.on_update, self.until = on_update, until
+        self.target_reached = False
         self.dist = dist or Dist.single()
         self.n = self.cfg.staleness.n
         self.total = self.cfg.total_updates
@@ -196,6 +229,9 @@ class Loop:
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
                 window, t_step = StepWindow(), time.perf_counter()
+                if self.until is not None and "eval/reward_sampled" in row and self.until(row):
+                    self.target_reached = True
+                    return "done"
                 if self.dist.any(stop.requested):  # every rank stops at the same step
                     if self.checkpointed_at != self.updates_done:
                         self.checkpoint()
@@ -258,7 +294,8 @@ class Loop:
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
         if first == 0 or not path.exists():
-            before = self.evaluate() if first == 0 else {}
+            # a shared on-policy start's evaluation is of these weights on these problems: not made again
+            before = (self.run.start_eval or self.evaluate()) if first == 0 else {}
             if self.dist.is_main:
                 write_atomic(path, json.dumps(before))
             return before
@@ -324,6 +361,7 @@ class Loop:
             "seconds": self.seconds(),
             "seconds_before_resume": self.seconds_before,
             **self.source.summary(),
+            **({"target_reached": self.target_reached} if self.until is not None else {}),
         }
 
 

@@ -11,6 +11,7 @@ in the sample sources (vespo.trainer.sources, vespo.trainer.ray_source).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,6 +36,7 @@ class Run:
     sampling: SamplingParams  # rollout sampling (temperature, top-k/p, response cap)
     scorer: RewardScorer
     warmstart: dict[str, float] = field(default_factory=dict)
+    start_eval: dict[str, float] | None = None  # the on-policy start's held-out evaluation of these weights
 
     def rewards(self, completions: list[str], problems: list[Problem]) -> list[float]:
         """Rewards of a batch, each completion against its problem; a failed reward is NaN (reported by
@@ -57,7 +59,8 @@ class Run:
 
 
 def build_run(cfg: Config, log=print) -> Run:
-    from vespo.trainer.warmstart import warm_start
+    """The run's parts; an on-policy warm start must be ready (trainer/loop.py makes it first)."""
+    from vespo.trainer import warmstart
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -65,15 +68,21 @@ def build_run(cfg: Config, log=print) -> Run:
     if notice:
         log(notice)
     torch.manual_seed(cfg.run.seed)
-    policy, tokenizer = build_policy(cfg)
+    on_policy = warmstart.applies(cfg) and cfg.warmstart.kind == "on_policy"
+    policy, tokenizer = build_policy(cfg, warmstart.start_policy_dir(cfg) if on_policy else None)
     task, train, held_out = build_data(cfg)
     sampling = build_sampling(cfg, task)
-    ws_stats: dict[str, float] = {}
-    if cfg.warmstart.enabled and task is not None and cfg.warmstart.steps > 0:
-        ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
+    ws_stats, start_eval = {}, None
+    if on_policy:
+        record = warmstart.read_start(cfg)
+        ws_stats, start_eval = warmstart.start_stats(record), record["eval"]
+        log(f"warm start: the on-policy start of seed {cfg.run.seed} ({record['updates']} updates, held-out sampled "
+            f"{start_eval.get('reward_sampled', float('nan')):.3f}) from {warmstart.on_policy_dir(cfg)}")
+    elif warmstart.applies(cfg):
+        ws_stats = warmstart.warm_start(policy, tokenizer, task, cfg, sampling, log=log)
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
-    return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats)
+    return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats, start_eval)
 
 
 def ess_notice(cfg: Config) -> str | None:
@@ -103,12 +112,14 @@ def check_chat_template(cfg: Config, task: Task | None, tokenizer: PreTrainedTok
                           f"of {where} has none; use a chat model, or set task.options.chat=false for plain text")
 
 
-def build_policy(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer): a local HF model directory, or a tiny model over the built-in tokenizer."""
+def build_policy(cfg: Config, start: Path | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer): a local HF model directory, or a tiny model over the built-in tokenizer; with ``start``,
+    the weights of that directory (an on-policy warm start of this model) under model.*'s other settings."""
     from vespo.models import build_model
 
     torch.manual_seed(cfg.run.seed)
-    return build_model(cfg.model, seed=cfg.run.seed)
+    model_cfg = cfg.model if start is None else cfg.model.model_copy(update={"path": str(start)})
+    return build_model(model_cfg, seed=cfg.run.seed)
 
 
 def build_task(cfg: Config) -> Task | None:

@@ -1,8 +1,18 @@
-"""Supervised warm start: teach a tiny random policy the task's answer format before RL.
+"""Warm starts: the weights every run of a seed starts RL from, made once and cached.
 
-RL needs a policy whose sampled reward is above zero. A few hundred steps of next-token training
-on (prompt, correct completion + EOS) pairs get a character-level tiny model there. The result is
-cached per (task, model, seed, warm-start settings), so a sweep warm-starts once.
+supervised (tiny models): RL needs a policy whose sampled reward is above zero. A few hundred steps of
+next-token training on (prompt, correct completion + EOS) pairs get a character-level tiny model there.
+Cached per (task, model, seed, warm-start settings), so a sweep warm-starts once.
+
+on_policy (a real model): the seed's first on-policy updates (staleness.n = 1, VESPO, which on policy is
+REINFORCE's update exactly) until the held-out sampled accuracy reaches warmstart.target_accuracy, run once
+as a run of its own and cached with its held-out evaluation. Every condition of a comparison (loss,
+staleness) that shares the seed then starts from the same weights, off floor and ceiling, and none takes
+off by luck; the conditions' "before" evaluation is the start's own (the same weights and problems).
+
+    applies(cfg)                  whether a run warm-starts (the one rule; the sweep planner asks it too)
+    warmstart_cache_path(cfg)     the file whose presence says the start is ready
+    on_policy_config(cfg)         the start's own run config (trainer/loop.py runs it before the run)
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from vespo.config import Config, to_dict
+from vespo.config import Config, from_dict, to_dict
 from vespo.models import encode_prompt, response_logprobs
 from vespo.rollout.base import SamplingParams
 
@@ -92,9 +102,79 @@ class AccuracyProbe:
         return out["reward_sampled"]
 
 
+def applies(cfg: Config) -> bool:
+    """Whether this run warm-starts: supervised on a built-in task, on-policy on a task or a dataset."""
+    w = cfg.warmstart
+    if not w.enabled or w.steps == 0:
+        return False
+    return w.kind == "on_policy" or not cfg.task.dataset
+
+
 def warmstart_cache_path(cfg: Config) -> Path:
-    """Where the warm start of this config is cached (shared by runs that differ only after it)."""
-    return _cache_path(cfg)
+    """The file whose presence says the warm start of this config is ready (shared by runs that differ only
+    after it): the supervised weights, or the on-policy start's record ``start.json``."""
+    return on_policy_dir(cfg) / START_RECORD if cfg.warmstart.kind == "on_policy" else _cache_path(cfg)
+
+
+# ---------------------------------------------------------------- the on-policy start
+
+START_RECORD = "start.json"  # written last: {"updates", "eval", "target_reached", "seconds"}
+# what the start does not depend on: the conditions it is shared by differ in these (and in run.* but the seed)
+_NOT_IN_START = ("loss", "staleness.n", "async")
+
+
+def on_policy_config(cfg: Config) -> Config:
+    """The start's run: this run at staleness.n = 1 on its own mini-batch with VESPO (on policy, every loss's update
+    is REINFORCE's), warmstart.steps updates, a held-out check every warmstart.check_every updates when a target is
+    set, sync mode, written into the cache (no checkpoints: a start killed part-way is run again)."""
+    data = to_dict(cfg)
+    w = cfg.warmstart
+    data["loss"] = {"name": "vespo"}
+    data["staleness"] = {**data["staleness"], "n": 1, "minibatch_prompts": cfg.prompts_per_minibatch}
+    data["rollout"]["prompts_per_step"] = cfg.prompts_per_minibatch
+    data["warmstart"] = {"enabled": False}
+    data.pop("async", None)
+    data["run"] = {**data["run"], "mode": "sync", "updates": w.steps, "steps": w.steps,
+                   "out_dir": str(on_policy_dir(cfg) / "run"), "eval_every": 0,
+                   "eval_every_updates": w.check_every if w.target_accuracy > 0 else 0,
+                   "checkpoint_every": 0, "save_policy_every": 0}
+    return from_dict(data)
+
+
+def on_policy_dir(cfg: Config) -> Path:
+    """The cache entry of this config's on-policy start: everything the start's updates depend on, hashed."""
+    data = to_dict(cfg)
+    for dotted in _NOT_IN_START:
+        section, _, name = dotted.partition(".")
+        if name:
+            data[section].pop(name, None)
+        else:
+            data.pop(section, None)
+    data["rollout"].pop("prompts_per_step", None)
+    run = data.pop("run")
+    data["run"] = {k: run[k] for k in ("seed", "threads", "eval_every_size") if k in run}
+    data["warmstart"].pop("cache_dir")
+    data["version"] = 1
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    name = f"{cfg.task.name if not cfg.task.dataset else Path(cfg.task.dataset).stem}-seed{cfg.run.seed}-{digest}"
+    return Path(cfg.warmstart.cache_dir).expanduser() / "on_policy" / name.replace(":", "_").replace("/", "_")
+
+
+def read_start(cfg: Config) -> dict:
+    """The on-policy start's record (updates, held-out evaluation of its weights, whether it met its target)."""
+    return json.loads(warmstart_cache_path(cfg).read_text())
+
+
+def start_policy_dir(cfg: Config) -> Path:
+    """The on-policy start's weights: a Hugging Face directory (its run's policy/)."""
+    return on_policy_dir(cfg) / "run" / "policy"
+
+
+def start_stats(record: dict) -> dict[str, float]:
+    """The summary's warm-start figures of an on-policy start."""
+    return {"warmstart/updates": float(record["updates"]),
+            "warmstart/sampled_accuracy": float(record["eval"].get("reward_sampled", float("nan"))),
+            "warmstart/target_reached": float(record["target_reached"])}
 
 
 def sft_batch(problems, task, tokenizer):

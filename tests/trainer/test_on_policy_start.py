@@ -1,0 +1,116 @@
+"""The shared on-policy start (warmstart.kind=on_policy): the seed's first on-policy updates, run once and cached,
+are the weights every condition of that seed starts from, and its held-out evaluation is their "before".
+
+The policy is a nano Qwen3 that a supervised warm start taught 1-digit addition (a model directory, as a
+pretrained model would be), so on-policy updates have non-zero advantages and move the weights.
+"""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from vespo.config import ConfigError, load_config, to_dict
+from vespo.trainer import train
+from vespo.trainer.warmstart import on_policy_config, on_policy_dir, start_policy_dir, warmstart_cache_path
+
+
+BASE = ["model.size=nano", "task.name=addition", "task.options={digits: 1}", "task.train_size=2000",
+        "task.eval_size=32", "rollout.group_size=4", "run.progress=false", "run.loggers=[jsonl]", "run.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A model directory: the nano policy after its supervised warm start and one RL step (its policy/)."""
+    out = tmp_path_factory.mktemp("pretrained")
+    train(load_config(None, BASE + ["rollout.prompts_per_step=4", "staleness.n=1", "warmstart.steps=60",
+                                    "warmstart.batch_size=64", f"warmstart.cache_dir={out / 'ws'}", "optim.lr=1e-4",
+                                    "run.steps=1", f"run.out_dir={out / 'run'}"]))
+    return out / "run" / "policy"
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    def make(*overrides, out="run"):
+        return load_config(None, BASE + ["staleness.minibatch_prompts=4", "staleness.n=2", "run.updates=4",
+                                         "optim.lr=3e-4", f"run.out_dir={tmp_path / out}", *overrides])
+
+    return make
+
+
+def start_cfg(make_cfg, pretrained, tmp_path, *extra, out="run"):
+    return make_cfg(f"model.path={pretrained}", "warmstart.kind=on_policy", "warmstart.steps=4",
+                    f"warmstart.cache_dir={tmp_path / 'starts'}", *extra, out=out)
+
+
+def test_the_start_is_the_seeds_own_first_on_policy_updates(make_cfg, pretrained, tmp_path):
+    cfg = start_cfg(make_cfg, pretrained, tmp_path, "loss.name=grpo")
+    sub = on_policy_config(cfg)
+    assert (sub.staleness.n, sub.loss.name, sub.run.updates, sub.run.mode) == (1, "vespo", 4, "sync")
+    assert sub.prompts_per_step == cfg.prompts_per_minibatch == 4  # the run's own mini-batch, on policy
+    assert (sub.optim.lr, sub.run.seed, sub.model.path) == (cfg.optim.lr, cfg.run.seed, cfg.model.path)
+    # shared by the conditions a comparison varies, not by what the start itself depends on
+    same = [start_cfg(make_cfg, pretrained, tmp_path, *o) for o in (["loss.name=vespo"], ["staleness.n=4"])]
+    assert {on_policy_dir(c) for c in same} == {on_policy_dir(cfg)}
+    other = [start_cfg(make_cfg, pretrained, tmp_path, o) for o in ("run.seed=1", "optim.lr=1e-4",
+                                                                     "rollout.temperature=0.8")]
+    assert len({on_policy_dir(c) for c in other} | {on_policy_dir(cfg)}) == 4
+
+
+def test_two_conditions_of_a_seed_start_from_one_cached_start(make_cfg, pretrained, tmp_path):
+    a = start_cfg(make_cfg, pretrained, tmp_path, "loss.name=vespo", out="a")
+    b = start_cfg(make_cfg, pretrained, tmp_path, "loss.name=grpo", "loss.options.eps_high=0.28", out="b")
+    first = train(a)
+    record = json.loads(warmstart_cache_path(a).read_text())
+    made = warmstart_cache_path(a).stat().st_mtime_ns
+    second = train(b)
+    assert warmstart_cache_path(b).stat().st_mtime_ns == made  # read, not made again
+    assert record["updates"] == 4 and record["target_reached"] is True  # no target: all its updates
+    start_rows = (on_policy_dir(a) / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(start_rows) == 4  # four on-policy updates, one row each (N = 1)
+    assert not (on_policy_dir(a) / "run" / "checkpoints").exists()
+    # the conditions' "before" is the start's evaluation of the same weights on the same problems
+    assert first["eval_before"] == second["eval_before"] == record["eval"]
+    assert first["warmstart"]["warmstart/updates"] == second["warmstart"]["warmstart/updates"] == 4.0
+    # the start moved the weights away from the model it began with
+    start = load_file(str(start_policy_dir(a) / "model.safetensors"))
+    base = load_file(str(pretrained / "model.safetensors"))
+    assert max((start[k] - base[k]).abs().max().item() for k in base) > 1e-4
+
+
+def test_the_held_out_before_of_a_start_is_what_the_run_would_measure(make_cfg, pretrained, tmp_path):
+    cfg = start_cfg(make_cfg, pretrained, tmp_path, out="a")
+    train(cfg)
+    record = json.loads(warmstart_cache_path(cfg).read_text())
+    # the same weights as a plain model directory, evaluated by a run of its own before any update
+    plain = make_cfg(f"model.path={start_policy_dir(cfg)}", "warmstart.enabled=false", out="plain")
+    assert train(plain)["eval_before"] == record["eval"]
+
+
+def test_a_target_ends_the_start_at_its_first_check_that_meets_it(make_cfg, pretrained, tmp_path):
+    cfg = start_cfg(make_cfg, pretrained, tmp_path, "warmstart.steps=6", "warmstart.target_accuracy=0.01",
+                    "warmstart.check_every=2", "run.eval_every_size=16")
+    train(cfg)
+    record = json.loads(warmstart_cache_path(cfg).read_text())
+    rows = [json.loads(r) for r in (on_policy_dir(cfg) / "run" / "metrics.jsonl").read_text().splitlines()]
+    checks = [r for r in rows if "eval/reward_sampled" in r]
+    assert [r["step"] for r in checks] == list(range(2, 2 * len(checks) + 1, 2))  # every check_every updates
+    met = [r["eval/reward_sampled"] >= 0.01 for r in checks]
+    # it stops at the first check that meets the target, and only there
+    assert met[-1] == record["target_reached"] and not any(met[:-1])
+    assert record["updates"] == rows[-1]["step"] == (checks[-1]["step"] if met[-1] else 6)
+
+
+def test_an_until_rule_stops_a_run_after_an_evaluation(make_cfg, tmp_path):
+    cfg = make_cfg("warmstart.steps=20", f"warmstart.cache_dir={tmp_path / 'ws'}", "staleness.n=1", "run.updates=6",
+                   "run.eval_every_updates=2", "run.eval_every_size=8")
+    seen = []
+    summary = train(cfg, until=lambda row: seen.append(row["policy/version"]) or row["policy/version"] >= 4)
+    assert seen == [2, 4] and summary["updates_done"] == 4 and summary["target_reached"] is True
+
+
+def test_supervised_settings_are_refused_with_an_on_policy_start(make_cfg):
+    with pytest.raises(ConfigError, match="warmstart.lr applies to warmstart.kind=supervised"):
+        make_cfg("warmstart.kind=on_policy", "warmstart.lr=1e-3")
+    cfg = make_cfg("warmstart.kind=on_policy")
+    assert to_dict(cfg)["warmstart"]["kind"] == "on_policy"
