@@ -60,7 +60,7 @@ class Run:
 
 def build_run(cfg: Config, log=print) -> Run:
     """The run's parts; an on-policy warm start must be ready (trainer/loop.py makes it first)."""
-    from vespo.trainer import warmstart
+    from vespo.trainer.warmstart import applies, on_policy_dir, read_start, start_policy_dir, start_stats, warm_start
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -68,18 +68,18 @@ def build_run(cfg: Config, log=print) -> Run:
     if notice:
         log(notice)
     torch.manual_seed(cfg.run.seed)
-    on_policy = warmstart.applies(cfg) and cfg.warmstart.kind == "on_policy"
-    policy, tokenizer = build_policy(cfg, warmstart.start_policy_dir(cfg) if on_policy else None)
+    on_policy = applies(cfg) and cfg.warmstart.kind == "on_policy"
+    policy, tokenizer = build_policy(cfg, start_policy_dir(cfg) if on_policy else None)
     task, train, held_out = build_data(cfg)
     sampling = build_sampling(cfg, task)
     ws_stats, start_eval = {}, None
     if on_policy:
-        record = warmstart.read_start(cfg)
-        ws_stats, start_eval = warmstart.start_stats(record), record["eval"]
+        record = read_start(cfg)
+        ws_stats, start_eval = start_stats(record), record["eval"]
         log(f"warm start: the on-policy start of seed {cfg.run.seed} ({record['updates']} updates, held-out sampled "
-            f"{start_eval.get('reward_sampled', float('nan')):.3f}) from {warmstart.on_policy_dir(cfg)}")
-    elif warmstart.applies(cfg):
-        ws_stats = warmstart.warm_start(policy, tokenizer, task, cfg, sampling, log=log)
+            f"{start_eval.get('reward_sampled', float('nan')):.3f}) from {on_policy_dir(cfg)}")
+    elif applies(cfg):
+        ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats, start_eval)
