@@ -102,11 +102,13 @@ def test_the_engine_draws_from_the_oracles_distribution(tok, temperature, top_k,
     prompt = tok.encode("12+3=")
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1].double().tolist()
-    probs = torch.tensor([math.exp(oracle(logits, v, temperature, top_k, top_p)[0]) for v in range(len(logits))])
+    probs = torch.tensor([math.exp(oracle(logits, v, temperature, top_k, top_p)[0]) for v in range(len(logits))],
+                         dtype=torch.float64)  # float64: scipy wants expected frequencies that sum to n
     n = 8192
     rollout = HFEngine(model, tok).generate([prompt] * n, SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=1), seed=0)
     counts = torch.bincount(rollout.response_ids[:, 0], minlength=len(logits)).double()
     assert counts[probs == 0].sum() == 0
     kept = probs > 0
     assert kept.sum() > 4  # a real distribution, not a near-certain token
-    assert scipy.stats.chisquare(counts[kept], n * probs[kept] / probs[kept].sum()).pvalue > 1e-3
+    expected = n * probs[kept] / probs[kept].sum()  # [kept] float64, sums to n up to rounding
+    assert scipy.stats.chisquare(counts[kept].numpy(), expected.numpy()).pvalue > 1e-3
