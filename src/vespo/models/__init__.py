@@ -5,6 +5,7 @@
     truncation.py        top-k / top-p: the support sampling draws from, log-probs renormalised over it
     compile.py           run.compile: torch.compile of the decoder layers
     checkpointing.py     model.gradient_checkpointing, and PrefixCache: the shared prompts' keys and values
+    kv_cache.py          the decoder's KV-cache keyword on every supported transformers, checked to be used
 
     from vespo.models import build_char_tokenizer, tiny_model, load_policy, save_policy, response_logprobs
 """
