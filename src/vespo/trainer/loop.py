@@ -39,12 +39,14 @@ from vespo.config import Config, check_rules, to_dict
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
-from vespo.trainer.checkpoint import check_resume_config, latest_checkpoint
+from vespo.errors import CheckpointError
+from vespo.trainer.checkpoint import check_resume_config, resume_point
 from vespo.trainer.distributed import Dist
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
-from vespo.trainer.run import Run, build_run
-from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
+from vespo.trainer.run import Run, build_run, check_installed
+from vespo.trainer.runlog import (GracefulInterrupt, RunLog, check_new_run_dir, console, hold_run_dir, plain_every,
+                                  progress_bar, step_line, write_atomic)
 from vespo.trainer.sources import LocalSource
 from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
 
@@ -64,13 +66,16 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     from vespo.trainer.distributed import init_distributed, local_device, shutdown
 
     dist = init_distributed(local_device(resolve_device(cfg.model.device)))
+    check_installed(cfg)
     if not resume:
         check_new_run_dir(cfg)  # before the model is built and warm-started
     if dist.active:
         check_rules(cfg, dist.world, torchrun=True)
-    if applies(cfg) and cfg.warmstart.kind == "on_policy":
-        make_on_policy_start(cfg)
     with ExitStack() as stack:
+        if dist.is_main:  # one run per directory: a second process on it stops here, having changed nothing
+            stack.enter_context(hold_run_dir(cfg.run.out_dir))
+        if applies(cfg) and cfg.warmstart.kind == "on_policy":
+            make_on_policy_start(cfg)
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
         if cfg.run.mode == "async":
@@ -199,6 +204,14 @@ class Loop:
         self.t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
+        except KeyboardInterrupt:  # a second Ctrl-C: no evaluation, the summary says where the run stopped
+            self._checkpoint_safely()
+            runlog.write_summary(self.summary(before, {}, "interrupted"))
+            runlog.close()
+            raise
+        except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
+            runlog.close()
+            raise
         except BaseException:
             self._checkpoint_safely()
             runlog.close()
@@ -218,7 +231,9 @@ class Loop:
 
     def train_steps(self, runlog: RunLog) -> str:
         """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
-        with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress and self.dist.is_main) as bar:
+        shown = self.cfg.run.progress and self.dist.is_main
+        plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
+        with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
             task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.updates_done // self.n,
                                 status="")
             window, t_step = StepWindow(), time.perf_counter()
@@ -228,6 +243,9 @@ class Loop:
                     continue
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
+                step = self.updates_done // self.n
+                if plain and (step % plain_every(self.cfg.steps) == 0 or step == self.cfg.steps):
+                    console.print(step_line(step, self.cfg.steps, row), markup=False, highlight=False)
                 window, t_step = StepWindow(), time.perf_counter()
                 if self.until is not None and "eval/reward_sampled" in row and self.until(row):
                     self.target_reached = True
@@ -321,7 +339,9 @@ class Loop:
             self._say(f"[red]run stopped and its checkpoint failed too: {e}")
 
     def _resume(self) -> int:
-        path = latest_checkpoint(self.cfg.run.out_dir)
+        path, note = resume_point(self.cfg.run.out_dir)
+        if note:
+            self._say(note)
         if path is None:
             self._say(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
                       "starting the run from the beginning")

@@ -85,6 +85,32 @@ def build_run(cfg: Config, log=print) -> Run:
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats, start_eval)
 
 
+def check_installed(cfg: Config) -> None:
+    """Refuse, before anything is built or written, a run that needs a package (or a device) this machine lacks."""
+    import importlib
+
+    def missing(module: str) -> bool:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return True
+        return False
+
+    if "wandb" in cfg.run.loggers and missing("wandb"):
+        raise ConfigError("run.loggers includes wandb, which is not installed: pip install 'vespo[wandb]', or drop "
+                          "wandb from run.loggers")
+    if cfg.run.mode == "async" and missing("ray"):
+        raise ConfigError("--mode async (run.mode=async) runs its rollout workers and learner on Ray, which is not "
+                          "installed: pip install 'vespo[ray]'")
+    if cfg.rollout.engine == "vllm":
+        if missing("vllm"):
+            raise ConfigError("rollout.engine=vllm needs vLLM, which is not installed: pip install 'vespo[vllm]' (on "
+                              "a CUDA machine), or use rollout.engine=hf")
+        if not torch.cuda.is_available():
+            raise ConfigError("rollout.engine=vllm needs a CUDA device, and this machine has none; use "
+                              "rollout.engine=hf")
+
+
 def ess_notice(cfg: Config) -> str | None:
     """The one line that says optim.ess_scaled_lr cannot act in this run (W = 1 on every update), or None."""
     o = cfg.optim
