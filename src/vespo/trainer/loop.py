@@ -74,6 +74,7 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     with ExitStack() as stack:
         if dist.is_main:  # one run per directory: a second process on it stops here, having changed nothing
             stack.enter_context(hold_run_dir(cfg.run.out_dir))
+        checkpoint = resume_checkpoint(cfg, dist) if resume else None  # refused here, before anything is built
         if applies(cfg) and cfg.warmstart.kind == "on_policy":
             make_on_policy_start(cfg)
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
@@ -87,7 +88,21 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         stack.callback(learner.close)
         source = build_source(run, learner, dist, engine)
         stack.callback(source.close)
-        return Loop(run, learner, source, on_update, dist, until).fit(resume)
+        return Loop(run, learner, source, on_update, dist, until).fit(resume, checkpoint)
+
+
+def resume_checkpoint(cfg: Config, dist: Dist) -> Path | None:
+    """The checkpoint --resume continues from (None: the directory holds no run yet, which starts afresh); a run
+    with no checkpoint that verifies, or a config that trains something else, is refused."""
+    say = console.print if dist.is_main else _quiet
+    path, note = resume_point(cfg.run.out_dir)
+    if note:
+        say(note, markup=False)
+    if path is None:
+        say(f"--resume: no checkpoint in {cfg.run.out_dir}/checkpoints yet; starting the run from the beginning")
+        return None
+    check_resume_config(path, to_dict(cfg))
+    return path
 
 
 def make_on_policy_start(cfg: Config) -> None:
@@ -191,8 +206,10 @@ class Loop:
 
     # ------------------------------------------------------------ the run
 
-    def fit(self, resume: bool) -> dict:
-        first = self._resume() if resume else 0
+    def fit(self, resume: bool, checkpoint: Path | None = None) -> dict:
+        """Train the run (from ``checkpoint`` when given; ``resume`` without one: a run directory that holds no
+        run yet) to its end, or until Ctrl-C or ``until`` stops it."""
+        first = self._resume(checkpoint) if checkpoint is not None else 0
         runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None, writes=self.dist.is_main)
         self.updates_done = first
         self.source.start(first)
@@ -338,15 +355,7 @@ class Loop:
         except Exception as e:  # keep the original error in front
             self._say(f"[red]run stopped and its checkpoint failed too: {e}")
 
-    def _resume(self) -> int:
-        path, note = resume_point(self.cfg.run.out_dir)
-        if note:
-            self._say(note)
-        if path is None:
-            self._say(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
-                      "starting the run from the beginning")
-            return 0
-        check_resume_config(path, to_dict(self.cfg))
+    def _resume(self, path: Path) -> int:
         state = self.learner.load_checkpoint(path)
         self.source.load_state_dict(state["source"])
         updates = int(state["updates"])

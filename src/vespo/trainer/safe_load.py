@@ -60,7 +60,7 @@ def load_plain(file: Path) -> Any:
             f"{file} holds objects other than tensors and plain data ({found.group(1) if found else e}); vespo does "
             "not open it, since loading it could run code. Load it yourself with torch.load(weights_only=False) "
             "only if you trust where it came from") from e
-    except (RuntimeError, EOFError) as e:
+    except (RuntimeError, EOFError, OSError) as e:  # a truncated zip archive raises any of them
         raise CheckpointError(f"{file} cannot be read ({str(e).splitlines()[0]}); it is damaged, resume from "
                               "another checkpoint") from e
 
