@@ -111,7 +111,8 @@ def _disk_full(error: BaseException) -> OSError | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_FULL:
             return e
-        todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]  # dcp: rank -> its exception
+        failures = getattr(e, "failures", {}).values()  # dcp's CheckpointException: rank -> (exception, traceback)
+        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in failures)]
     return None
 
 
