@@ -280,3 +280,28 @@ def test_a_full_disk_keeps_the_previous_checkpoint(finished_run, tmp_path):
     assert "the previous checkpoint (step-000002) is intact" in last, last
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002"]  # no step-000003.tmp left
     assert resume_point(out) == (out / "checkpoints" / "step-000002", None)
+
+
+# ---------------------------------------------------------------- what a user's habits expect
+
+
+def test_an_override_that_another_setting_overrides_is_announced(vespo_here, tmp_path):
+    config = tmp_path / "updates.yaml"
+    config.write_text("run: {updates: 2}\n")
+    status, lines = vespo_here("train", "--config", str(config), *FAST, "task.options={digits: 1}",
+                               f"run.out_dir={tmp_path / 'r'}")  # FAST sets run.steps=1
+    assert status == 0
+    assert lines[0] == ("notice: run.steps has no effect: run.updates=2 (from the config) sets the run's length "
+                        "(2 rollout steps of staleness.n=1); override run.updates instead"), lines
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps_done"] == 2
+
+
+def test_a_supervised_warm_start_of_a_pretrained_model_is_announced(vespo_here, finished_run, tmp_path):
+    args = [a for a in FAST if a != "warmstart.enabled=false"]
+    status, lines = vespo_here("train", *args, "task.options={digits: 1}", f"model.path={finished_run / 'policy'}",
+                               "warmstart.steps=2", f"warmstart.cache_dir={tmp_path / 'ws'}",
+                               f"run.out_dir={tmp_path / 'r'}")
+    assert status == 0
+    assert any(line.startswith("notice: a supervised warm start (2 steps on the task's reference answers) trains "
+                               f"the pretrained {finished_run / 'policy'} before RL; warmstart.enabled=false skips it")
+               for line in lines), lines

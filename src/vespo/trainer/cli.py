@@ -34,15 +34,42 @@ def default_config_path() -> str:
 
 
 def print_fields() -> None:
-    """Every config field: its dotted name, default, help text and rule (the field's pydantic JSON schema: type,
-    enum, minimum, ...)."""
+    """Every config field as a reader takes it in: its dotted name, default and what it may be, then its help text
+    wrapped and indented below (from the field's pydantic JSON schema: type, enum, minimum, ...)."""
+    import textwrap
+
     from vespo.config import field_schemas
 
+    lines = []
     for section in field_schemas():
         for name, f in field_schemas(section).items():
+            lines.append(f"{section}.{name} = {f.get('default')!r}    ({describe_rule(f)})")
             help_ = " ".join(f.get("description", "").split())
-            rule = {k: v for k, v in f.items() if k not in ("title", "description", "default")}
-            print(f"{section + '.' + name:<32} {f.get('default')!r:<28} {help_}  {rule}")
+            lines += textwrap.wrap(help_, width=100, initial_indent="    ", subsequent_indent="    ")
+    try:
+        print("\n".join(lines))
+    except BrokenPipeError:  # `vespo train --help-config | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+TYPES = {"string": "text", "integer": "an integer", "number": "a number", "boolean": "true or false",
+         "object": "a mapping", "array": "a list", "null": "None"}
+
+
+def describe_rule(schema: dict) -> str:
+    """A field's JSON schema in words: "an integer >= 1", "one of: qwen3, llama", "text, or None"."""
+    if "anyOf" in schema:
+        return ", or ".join(describe_rule(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return "one of: " + ", ".join(map(str, schema["enum"]))
+    if schema.get("type") == "array" and "items" in schema:
+        return f"a list of {describe_rule(schema['items'])}"
+    words = [TYPES.get(schema.get("type", ""), schema.get("type", "a value"))]
+    bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+    words += [f"{op} {schema[key]}" for key, op in bounds.items() if key in schema]
+    if "pattern" in schema:
+        words.append(f"matching {schema['pattern']}")
+    return " ".join(words)
 
 
 def check_inherited_task_options(cfg, config_path: str | None, overrides: list[str]) -> None:

@@ -233,7 +233,7 @@ class Loop:
             self._checkpoint_safely()
             runlog.close()
             raise
-        after = self.evaluate()
+        after = self.evaluate(label="after RL")
         self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
         summary = self.summary(before, after, status)
         runlog.write_summary(summary)
@@ -316,21 +316,29 @@ class Loop:
 
     # ------------------------------------------------------------ evaluation, checkpoints
 
-    def evaluate(self, size: int = 0) -> dict[str, float]:
+    def evaluate(self, size: int = 0, label: str = "") -> dict[str, float]:
         """Held-out reward with the newest weights: one sample per problem, and greedy, on the first ``size``
-        held-out problems (0: all). Each rank evaluates its share; every rank gets the mean over all of them."""
+        held-out problems (0: all). Each rank evaluates its share; every rank gets the mean over all of them.
+        With a ``label`` (before RL, after RL) it says so when it starts and what it found."""
         problems = self.run.eval_problems[:size] if size else self.run.eval_problems
+        if label:
+            self._say(f"held-out evaluation {label}: {len(problems)} problems, one sample and greedy ...")
+        t0 = time.perf_counter()
         mine = problems[self.dist.rank::self.dist.world]
         means = heldout_rewards(self.source.generate, mine, self.run.scorer, self.run.sampling)
         parts = [(m, n) for m, n in self.dist.gather_object((means, len(mine))) if n]
         total = sum(n for _, n in parts)
-        return {key: sum(m[key] * n for m, n in parts) / total for key in (parts[0][0] if parts else {})}
+        result = {key: sum(m[key] * n for m, n in parts) / total for key in (parts[0][0] if parts else {})}
+        if label and result:
+            self._say(f"held-out evaluation {label}: sampled {result['reward_sampled']:.3f}, greedy "
+                      f"{result['reward_greedy']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        return result
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
         if first == 0 or not path.exists():
             # a shared on-policy start's evaluation is of these weights on these problems: not made again
-            before = (self.run.start_eval or self.evaluate()) if first == 0 else {}
+            before = (self.run.start_eval or self.evaluate(label="before RL")) if first == 0 else {}
             if self.dist.is_main:
                 write_atomic(path, json.dumps(before))
             return before

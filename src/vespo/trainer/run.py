@@ -79,6 +79,9 @@ def build_run(cfg: Config, log=print) -> Run:
         log(f"warm start: the on-policy start of seed {cfg.run.seed} ({record['updates']} updates, held-out sampled "
             f"{start_eval.get('reward_sampled', float('nan')):.3f}) from {on_policy_dir(cfg)}")
     elif applies(cfg):
+        if cfg.model.path:
+            log(f"notice: a supervised warm start ({cfg.warmstart.steps} steps on the task's reference answers) trains "
+                f"the pretrained {cfg.model.path} before RL; warmstart.enabled=false skips it")
         ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
