@@ -211,8 +211,8 @@ def _a_directory_that_cannot_be_written(tmp_path, monkeypatch):
     return ["run.out_dir=/sys/kernel/vespo_run"], ["run.out_dir /sys/kernel/vespo_run cannot be written"]
 
 
-BAD_INPUTS = [_model_without_weights, _non_utf8_rows, _async_without_ray, _vllm_where_it_cannot_run, _wandb_not_installed,
-              _reasoning_gym_as_a_dataset, _an_option_of_the_base_config, _a_directory_that_cannot_be_written]
+BAD_INPUTS = [_model_without_weights, _non_utf8_rows, _async_without_ray, _vllm_where_it_cannot_run,
+              _wandb_not_installed, _reasoning_gym_as_a_dataset, _an_option_of_the_base_config, _a_directory_that_cannot_be_written]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[f.__name__.strip("_") for f in BAD_INPUTS])
@@ -278,7 +278,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint(finished_run, tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert last.startswith("vespo train: error: no room to write checkpoint") and "step-000003" in last, last
     assert "the previous checkpoint (step-000002) is intact" in last, last
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002"]  # no step-000003.tmp left
+    # the previous checkpoint stands, and no step-000003.tmp is left over
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002"]
     assert resume_point(out) == (out / "checkpoints" / "step-000002", None)
 
 

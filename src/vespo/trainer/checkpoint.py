@@ -201,7 +201,7 @@ def step_dirs(root: Path) -> list[Path]:
 
 
 def run_record(run_dir: str | Path) -> str | None:
-    """What shows that ``run_dir`` holds a run ("metrics.jsonl, 12 steps", "checkpoints"), or None: a directory
+    """What shows that ``run_dir`` holds a run ("metrics.jsonl, 12 rows", "checkpoints"), or None: a directory
     with an empty metrics.jsonl and no checkpoint (a start that failed) holds none."""
     run_dir = Path(run_dir)
     held = []
@@ -280,9 +280,9 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
 
 # fields a resumed run may change: how long it runs and how it reports, where it runs (a moved run directory
 # included), not what it trains
-RESUMABLE_CHANGES = ("run.out_dir", "run.steps", "run.updates", "run.progress", "run.threads", "run.loggers", "run.checkpoint_every",
-                     "run.eval_every", "run.log_samples_every", "run.samples_per_log", "run.save_policy_every",
-                     "run.max_nonfinite_steps", "model.device", "rollout.device", "warmstart.cache_dir",
+RESUMABLE_CHANGES = ("run.out_dir", "run.steps", "run.updates", "run.progress", "run.threads", "run.loggers",
+                     "run.checkpoint_every", "run.eval_every", "run.log_samples_every", "run.samples_per_log",
+                     "run.save_policy_every",                     "run.max_nonfinite_steps", "model.device", "rollout.device", "warmstart.cache_dir",
                      "async.ray_address", "async.stall_timeout_s", "async.max_restarts", "async.workers",
                      "async.learner_num_cpus", "async.learner_num_gpus")
 

@@ -86,7 +86,8 @@ def check_inherited_task_options(cfg, config_path: str | None, overrides: list[s
     except ConfigError as e:
         base = config_path or "the embedded demo config"
         raise ConfigError(f"{e}; task.options {cfg.task.options} came from {base}, not from your overrides: with "
-                          f"task.name={cfg.task.name} set its options too (task.options={{}} for its defaults)") from None
+                          f"task.name={cfg.task.name} set its options too (task.options={{}} for its defaults)"
+                          ) from None
 
 
 def announce_overridden(cfg, overrides: list[str]) -> None:

@@ -184,12 +184,16 @@ def hold_run_dir(out_dir: str | Path):
     import fcntl
 
     out = Path(out_dir)
-    made = not out.exists()
+    made = out.absolute()
+    while not made.parent.exists():  # the outermost directory this makes
+        made = made.parent
+    made = None if out.exists() else made
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a+")
     except OSError as e:
-        raise RunDirError(f"run.out_dir {out} cannot be written ({e.strerror}); choose a writable run.out_dir") from None
+        raise RunDirError(f"run.out_dir {out} cannot be written ({e.strerror}); choose a writable run.out_dir"
+                          ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -198,8 +202,9 @@ def hold_run_dir(out_dir: str | Path):
         lock.close()
         if e.errno not in (errno.EAGAIN, errno.EACCES):
             raise
-        raise RunDirError(f"run directory {out} is in use by another vespo process{f' (pid {holder})' if holder else ''}"
-                          "; wait for it to end, or stop it, before running this one") from None
+        by = f" (pid {holder})" if holder else ""
+        raise RunDirError(f"run directory {out} is in use by another vespo process{by}; wait for it to end, or stop "
+                          "it, before running this one") from None
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
@@ -207,8 +212,8 @@ def hold_run_dir(out_dir: str | Path):
     try:
         yield out
     except BaseException:
-        if made and [p.name for p in out.iterdir()] == [".lock"]:
-            shutil.rmtree(out, ignore_errors=True)
+        if made is not None and [p.name for p in made.rglob("*") if p.is_file()] == [".lock"]:
+            shutil.rmtree(made, ignore_errors=True)
         raise
     finally:
         lock.close()
