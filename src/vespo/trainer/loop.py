@@ -24,6 +24,7 @@ of every row trained in it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -36,10 +37,10 @@ import torch
 
 from vespo.buffer import lag_stats
 from vespo.config import Config, check_rules, to_dict
+from vespo.errors import CheckpointError
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
-from vespo.errors import CheckpointError
 from vespo.trainer.checkpoint import check_resume_config, resume_point
 from vespo.trainer.distributed import Dist
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
@@ -223,7 +224,8 @@ class Loop:
             status = self.train_steps(runlog)
         except KeyboardInterrupt:  # a second Ctrl-C: no evaluation, the summary says where the run stopped
             self._checkpoint_safely()
-            runlog.write_summary(self.summary(before, {}, "interrupted"))
+            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt stays in front
+                runlog.write_summary(self.summary(before, {}, "interrupted"))
             runlog.close()
             raise
         except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
