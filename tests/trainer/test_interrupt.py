@@ -47,6 +47,9 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_continues(tmp_path):
     every = plain_every(500)  # 5: about 100 lines for the whole run
     assert steps == list(range(every, every * len(steps) + 1, every)) and steps, output
     assert f"run directory {out}: metrics.jsonl" in output  # the path whole, not broken at 80 columns
+    for shown in ("warm start: up to 10 supervised steps", "warm start: step 5/10, loss ",  # progress of each phase
+                  "held-out evaluation before RL: 8 problems", "held-out evaluation after RL: sampled "):
+        assert shown in output, shown
     assert "vespo train: interrupted at step" in lines[-1] and "--resume" in lines[-1], lines[-1]
     ckpt = latest_checkpoint(out)
     assert ckpt is not None, output
