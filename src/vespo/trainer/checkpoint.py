@@ -167,9 +167,9 @@ def resume_point(run_dir: str | Path) -> tuple[Path | None, str | None]:
         refused.append(f"{path.name} {problem}")
     held = run_record(run_dir)
     if held:
-        raise ResumeError(f"--resume: {run_dir} holds a run ({held}) but no checkpoint to continue it from "
-                          f"({'; '.join([why, *refused])}); nothing was changed. Start the run again with another "
-                          "run.out_dir, or move this one away")
+        found = "; ".join([why, *refused]) if "checkpoints" in held else "none was written yet"
+        raise ResumeError(f"--resume: {run_dir} holds a run ({held}) but no checkpoint to continue it from ({found}); "
+                          "nothing was changed. Start the run again with another run.out_dir, or move this one away")
     return None, None
 
 

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--node-rank", type=int, default=None, help="this node's index in a multi-node job")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT where the nodes of a multi-node job meet")
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options anywhere among the overrides: `... a=1 --resume b=2`
 
     from vespo.config import ConfigError, check_rules, load_config
 
