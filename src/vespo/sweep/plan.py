@@ -57,7 +57,7 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
         started = (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*"))
         action = ("skip" if summary.get("status") == "done" else
                   "failed" if lab.get("returncode", 0) not in (0, INTERRUPTED) and not retry_failed else
-                  "resume" if started else "start")  # --resume starts over a run killed before its first checkpoint
+                  "resume" if started else "start")  # (killed before its first checkpoint: the launcher starts it over)
         jobs.append(Job(point, run_dir, action, _warm_key(cfg), protocol))
     return jobs
 
