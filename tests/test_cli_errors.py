@@ -133,3 +133,176 @@ def test_unexpected_failures_keep_their_traceback(command_module, capsys):
 def test_one_line_joins_lines():
     assert one_line(ValueError("a\n  b\n\nc")) == "a; b; c"
     assert one_line(ValueError()) == "ValueError"
+
+
+# ---------------------------------------------------------------- refused before anything is written
+
+
+@pytest.fixture
+def vespo_here(capsys, monkeypatch):
+    """`vespo ARGS` in this process: (exit status, its stderr lines)."""
+    monkeypatch.delenv("VESPO_DEBUG", raising=False)
+
+    def run(*args: str) -> tuple[int, list[str]]:
+        status = cli.main(list(args))
+        return status, capsys.readouterr().err.strip().splitlines()
+
+    return run
+
+
+def _not_installed(monkeypatch, module: str) -> None:
+    """This process as one where ``module`` is not installed (``import module`` raises ImportError)."""
+    monkeypatch.setitem(sys.modules, module, None)
+
+
+def _model_without_weights(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    return [f"model.path={model}"], [str(model), "config.json but no weights"]
+
+
+def _non_utf8_rows(tmp_path, monkeypatch):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9 1+2=", "answer": "3"}\n')
+    return [f"task.dataset={data}", "rollout.max_new_tokens=4"], ["latin1.jsonl", "row 2", "not UTF-8"]
+
+
+def _async_without_ray(tmp_path, monkeypatch):
+    _not_installed(monkeypatch, "ray")
+    return ["--mode", "async"], ["Ray", "not installed", "pip install 'vespo[ray]'"]
+
+
+def _vllm_where_it_cannot_run(tmp_path, monkeypatch):
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
+        pytest.skip("vLLM and a CUDA device are both here")
+    return ["rollout.engine=vllm"], ["rollout.engine=vllm", "rollout.engine=hf"]
+
+
+def _wandb_not_installed(tmp_path, monkeypatch):
+    _not_installed(monkeypatch, "wandb")
+    return ["run.loggers=[jsonl,wandb]"], ["run.loggers", "wandb", "not installed", "pip install 'vespo[wandb]'"]
+
+
+def _reasoning_gym_as_a_dataset(tmp_path, monkeypatch):
+    return ["task.dataset=rg:chain_sum", "rollout.max_new_tokens=8"], ["'rg:chain_sum' names a reasoning-gym task",
+                                                                       "task.name=rg:chain_sum"]
+
+
+def _an_option_of_the_base_config(tmp_path, monkeypatch):
+    # the embedded demo's task.options={digits: 2} belong to addition; the user named only the task
+    return ["task.name=rg:chain_sum"], ["rejects its options", "digits", "came from the embedded demo config",
+                                        "not from your overrides", "task.options={}"]
+
+
+def _a_directory_that_cannot_be_written(tmp_path, monkeypatch):
+    import os
+
+    if os.geteuid() != 0:  # a read-only directory stops everyone but root
+        readonly = tmp_path / "readonly"
+        readonly.mkdir(mode=0o555)
+        return [f"run.out_dir={readonly / 'r'}"], ["run.out_dir", "readonly", "cannot be written"]
+    if not os.path.isdir("/sys/kernel"):
+        pytest.skip("no sysfs here, and root writes any directory")
+    return ["run.out_dir=/sys/kernel/vespo_run"], ["run.out_dir /sys/kernel/vespo_run cannot be written"]
+
+
+BAD_INPUTS = [_model_without_weights, _non_utf8_rows, _async_without_ray, _vllm_where_it_cannot_run,
+              _wandb_not_installed, _reasoning_gym_as_a_dataset, _an_option_of_the_base_config, _a_directory_that_cannot_be_written]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[f.__name__.strip("_") for f in BAD_INPUTS])
+def test_a_bad_input_is_one_line_before_the_run_directory_is_made(vespo_here, tmp_path, monkeypatch, case):
+    args, names = case(tmp_path, monkeypatch)
+    out = tmp_path / "r"
+    fast = [a for a in FAST if not (a.startswith("task.options") or "run.out_dir" in a)]
+    status, lines = vespo_here("train", *fast, f"run.out_dir={out}", *args)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("vespo train: error: "), lines
+    assert all(name in lines[0] for name in names), lines[0]
+    assert not out.exists()  # refused before the run directory is made: a rerun meets no leftover
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("existing") / "run"
+    train(load_config(None, FAST + ["task.options={digits: 1}", "run.steps=2", f"run.out_dir={out}"]))
+    return out
+
+
+def _files(run_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("case", [_wandb_not_installed, _vllm_where_it_cannot_run, _async_without_ray],
+                         ids=["wandb", "vllm", "async"])
+def test_a_bad_input_on_resume_changes_no_file_of_the_run(vespo_here, finished_run, tmp_path, monkeypatch, case):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = _files(out)
+    args, names = case(tmp_path, monkeypatch)
+    status, lines = vespo_here("train", "--resume", *FAST, "task.options={digits: 1}", "run.steps=3",
+                               f"run.out_dir={out}", *args)
+    assert status == 2 and len(lines) == 1 and all(name in lines[0] for name in names), lines
+    assert _files(out) == before
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(finished_run, tmp_path):
+    """The resumed run's next checkpoint cannot be written (a file size limit stands in for a full disk: the
+    same OSError path, EFBIG for ENOSPC): one line, exit 2, the previous checkpoint intact and resumable."""
+    import resource
+    import shutil
+    import signal
+
+    from vespo.trainer.checkpoint import resume_point
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    shard = next((out / "checkpoints" / "step-000002" / "dcp").glob("*.distcp")).stat().st_size
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (shard // 4, shard // 4))
+
+    base = {k: v for k, v in os.environ.items() if k != "VESPO_DEBUG"}
+    done = subprocess.run([sys.executable, "-m", "vespo.cli", "train", "--resume", *FAST, "task.options={digits: 1}",
+                           "run.steps=3", f"run.out_dir={out}"], capture_output=True, text=True,
+                          env={**base, "OMP_NUM_THREADS": "1"}, timeout=300, preexec_fn=small_disk)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert last.startswith("vespo train: error: no room to write checkpoint") and "step-000003" in last, last
+    assert "the previous checkpoint (step-000002) is intact" in last, last
+    # the previous checkpoint stands, and no step-000003.tmp is left over
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002"]
+    assert resume_point(out) == (out / "checkpoints" / "step-000002", None)
+
+
+# ---------------------------------------------------------------- what a user's habits expect
+
+
+def test_an_override_that_another_setting_overrides_is_announced(vespo_here, tmp_path):
+    config = tmp_path / "updates.yaml"
+    config.write_text("run: {updates: 2}\n")
+    status, lines = vespo_here("train", "--config", str(config), *FAST, "task.options={digits: 1}",
+                               f"run.out_dir={tmp_path / 'r'}")  # FAST sets run.steps=1
+    assert status == 0
+    assert lines[0] == ("notice: run.steps has no effect: run.updates=2 (from the config) sets the run's length "
+                        "(2 rollout steps of staleness.n=1); override run.updates instead"), lines
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps_done"] == 2
+
+
+def test_a_supervised_warm_start_of_a_pretrained_model_is_announced(vespo_here, finished_run, tmp_path):
+    args = [a for a in FAST if a != "warmstart.enabled=false"]
+    status, lines = vespo_here("train", *args, "task.options={digits: 1}", f"model.path={finished_run / 'policy'}",
+                               "warmstart.steps=2", f"warmstart.cache_dir={tmp_path / 'ws'}",
+                               f"run.out_dir={tmp_path / 'r'}")
+    assert status == 0
+    assert any(line.startswith("notice: a supervised warm start (2 steps on the task's reference answers) trains "
+                               f"the pretrained {finished_run / 'policy'} before RL; warmstart.enabled=false skips it")
+               for line in lines), lines

@@ -150,9 +150,13 @@ def tiny_policy_dir(tmp_path_factory):
 def test_vespo_eval_on_a_task_writes_jsonl(tiny_policy_dir, tmp_path, capsys):
     out = tmp_path / "results.jsonl"
     code = main(["--model", str(tiny_policy_dir), "--task", "addition", "--task-arg", "digits=1",
-                 "--n-problems", "3", "--default-k", "2", "--out", str(out)])
+                 "--n-problems", "3", "--default-k", "2", "--batch-size", "4", "--out", str(out)])
     assert code == 0
-    assert "addition" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "addition" in said.out
+    # progress on stderr: 3 problems x 2 samples in batches of 4
+    assert [line for line in said.err.splitlines() if line.startswith("vespo eval: ")] == [
+        "vespo eval: 4/6 completions", "vespo eval: 6/6 completions"]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["type"] for line in lines] == ["source", "problem", "problem", "problem"]
     assert lines[0]["k"] == 2 and lines[0]["num_problems"] == 3 and 0.0 <= lines[0]["avg_at_k"] <= 1.0

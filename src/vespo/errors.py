@@ -5,6 +5,10 @@ file or row and what to do) and exits with status 2, without a traceback; ``vesp
 or ``VESPO_DEBUG=1`` shows the traceback too. Any other exception is a bug or an environment
 failure and keeps its traceback.
 
+A run that Ctrl-C stops (its step finished and checkpointed) exits with status 130 (``INTERRUPTED``,
+the shell's code for SIGINT) and its summary says "interrupted", so that a scheduler tells it from
+a finished run and from a failed one.
+
 Each subclass also derives from the built-in exception it replaces (ValueError, FileNotFoundError,
 FileExistsError), so code that catches those keeps working.
 
@@ -24,6 +28,8 @@ FileExistsError), so code that catches those keeps working.
 from __future__ import annotations
 
 import os
+
+INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (SIGINT) at a checkpoint: resumable, not failed
 
 
 class UserError(Exception):

@@ -114,7 +114,8 @@ def hf_generate_fn(model_dir: str, args: argparse.Namespace, max_new_tokens: int
     print(f"policy: {loaded}", file=sys.stderr)
     engine = HFEngine(model, tokenizer, dtype=args.dtype, device=args.device)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new_tokens)
-    text = TextGenerator(engine, tokenizer, batch_size=args.batch_size)
+    text = TextGenerator(engine, tokenizer, batch_size=args.batch_size,
+                         on_batch=lambda done, total: print(f"vespo eval: {done}/{total} completions", file=sys.stderr))
     calls = iter(range(0, 10**12, 1_000_003))  # each call its own seeds
 
     def generate(problems: list[Problem], n: int) -> list[list[str]]:

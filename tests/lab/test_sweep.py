@@ -250,3 +250,28 @@ def test_report_skips_plain_files_a_glob_matched(quick_sweep, tmp_path, capsys):
     assert report_cli.main([str(out), str(log), "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.md").is_file()
     assert "skipping 1 file(s) that are not sweep directories" in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_ctrl_c_is_interrupted_and_resumed_not_failed(tmp_path):
+    """`vespo train` exits 130 after Ctrl-C with its checkpoint written: the sweep records the run as
+    interrupted (not failed, not counted as a failure) and its next call resumes it."""
+    import subprocess
+    import sys
+
+    from vespo.sweep.launch import run_all
+
+    spec = yaml.safe_load(QUICK.read_text())
+    spec["grid"], spec["overrides"] = {"run.seed": [0]}, ["staleness.n=1"]
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "one"
+    (job,) = plan.plan(load_sweep(path), out)
+
+    def stopped_by_ctrl_c(args, log):  # a child that ends as `vespo train` does after SIGINT, having checkpointed
+        (job.run_dir / "checkpoints" / "step-000001").mkdir(parents=True)
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(130)"])
+
+    assert run_all([job], out, 1, stopped_by_ctrl_c) == 0
+    lab = json.loads((job.run_dir / "lab.json").read_text())
+    assert (lab["status"], lab["returncode"]) == ("interrupted", 130)
+    assert [j.action for j in plan.plan(load_sweep(path), out)] == ["resume"]

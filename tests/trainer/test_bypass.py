@@ -40,7 +40,16 @@ def test_help_config_says_which_correction_applies_when(capsys):
     from vespo.trainer.cli import main
 
     assert main(["--help-config"]) == 0
-    help_of = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    out = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 100 and "{'type'" not in line for line in out if line.startswith(" "))  # wrapped words
+    help_of, name = {}, None
+    for line in out:  # a field's line, then its help text indented below it
+        if line.startswith(" "):
+            help_of[name] += " " + line.strip()
+        else:
+            name = line.split()[0]
+            help_of[name] = line
+    assert "(one of: auto, recompute, rollout)" in help_of["staleness.behavior"]
     assert "bypass mode" in help_of["staleness.behavior"] and "pi/pi_rollout" in help_of["staleness.behavior"]
     for words in ("pi_old/pi_rollout with mu recomputed", "rejection part on pi/pi_rollout", "tis_* refused"):
         assert words in help_of["loss.options"]

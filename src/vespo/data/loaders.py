@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vespo.errors import DataError, MissingPathError
+from vespo.tasks.reasoning_gym import PREFIX as RG_PREFIX
 from vespo.types import Problem
 
 SUFFIXES = (".parquet", ".jsonl")
@@ -23,6 +24,9 @@ SUFFIXES = (".parquet", ".jsonl")
 
 def load_problems(path: str | Path) -> list[Problem]:
     """All problems of a .parquet or .jsonl file, in file order."""
+    if str(path).startswith(RG_PREFIX):
+        raise DataError(f"{str(path)!r} names a reasoning-gym task, not a dataset file: use task.name={path} (with "
+                        f"`vespo eval`, --task {path}) and leave task.dataset empty")
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"dataset file {str(path)!r} does not exist; check the path (task.dataset or --data)")
@@ -38,8 +42,13 @@ def load_problems(path: str | Path) -> list[Problem]:
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: row {number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                f"{exc.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -22,6 +22,7 @@ import pandas as pd
 import yaml
 
 from vespo.config import load_yaml
+from vespo.errors import INTERRUPTED
 from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.metrics import read_jsonl
@@ -55,7 +56,7 @@ class Run:
 
     @property
     def status(self) -> str:  # done, interrupted, failed, unfinished
-        if self.lab.get("returncode", 0) != 0:
+        if self.lab.get("returncode", 0) not in (0, INTERRUPTED):  # Ctrl-C (130) stops a run at a checkpoint
             return "failed"
         return self.summary.get("status") if self.summary.get("status") in ("done", "interrupted") else "unfinished"
 

@@ -30,6 +30,9 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
                                   "float16": torch.float16}
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # what from_pretrained loads (an index names such files)
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float32' / 'bfloat16' / 'float16' (or a torch dtype) -> torch dtype."""
     if isinstance(dtype, torch.dtype):
@@ -55,6 +58,9 @@ def load_policy(
     if not (path / "config.json").is_file():
         raise MissingPathError(f"policy path {str(path)!r} has no config.json (not a Hugging Face model dir); "
                                "pass the directory written by save_pretrained")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise ModelError(f"policy path {str(path)!r} has a config.json but no weights ({', '.join(WEIGHT_FILES)}); "
+                         "the download or save_pretrained did not finish: pass a complete model directory")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         raise ModelError(f"tokenizer at {str(path)!r} has no pad token; set tokenizer.pad_token and save it again")

@@ -12,6 +12,8 @@ cut responses the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import replace
 from typing import Any
 
@@ -42,11 +44,13 @@ class TextGenerator:
     """``(problems, n, sampling, seed) -> n completions per problem`` with a rollout engine.
 
     Rows are generated ``batch_size`` at a time (0: all at once); batch b is seeded ``seed + b``,
-    so the same call gives the same completions.
+    so the same call gives the same completions. ``on_batch(done, total)``, when given, hears of each
+    batch's rows (a command's progress line).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, batch_size: int = 0):
-        self.engine, self.tokenizer, self.batch_size = engine, tokenizer, batch_size
+    def __init__(self, engine: Any, tokenizer: Any, batch_size: int = 0,
+                 on_batch: Callable[[int, int], None] | None = None):
+        self.engine, self.tokenizer, self.batch_size, self.on_batch = engine, tokenizer, batch_size, on_batch
 
     def __call__(self, problems: list[Problem], n: int, sampling: SamplingParams, seed: int) -> list[list[str]]:
         ids = [x for x in encode_problems(self.tokenizer, problems) for _ in range(n)]
@@ -55,4 +59,6 @@ class TextGenerator:
         for b, start in enumerate(range(0, len(ids), size)):
             rollout = self.engine.generate(ids[start : start + size], sampling, seed=seed + b)
             texts += decode_responses(self.tokenizer, rollout)
+            if self.on_batch is not None:
+                self.on_batch(len(texts), len(ids))
         return [texts[i * n : (i + 1) * n] for i in range(len(problems))]

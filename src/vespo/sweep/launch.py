@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from vespo.errors import INTERRUPTED
 from vespo.sweep.plan import Job, run_overrides
 
 RUN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -76,6 +77,8 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
         log = job.run_dir / "train.log"
         with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
             job.run_dir.mkdir(parents=True, exist_ok=True)
+            if job.action == "resume":
+                _forget_uncheckpointed(job.run_dir)
             print(f"  {job.action:<7} {job.point.name}", flush=True)
             started = time.time()
             _write_lab(job, {"status": "running", "started": started})
@@ -83,15 +86,28 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
             while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
         returncode = run.wait()
-        ok, tail = returncode == 0, (log.read_text(errors="replace")[-4000:] if log.exists() else "")
-        _write_lab(job, {"status": "finished" if ok else "failed", "returncode": returncode, "started": started,
+        ok, tail = returncode in (0, INTERRUPTED), (log.read_text(errors="replace")[-4000:] if log.exists() else "")
+        status = "finished" if returncode == 0 else "interrupted" if returncode == INTERRUPTED else "failed"
+        _write_lab(job, {"status": status, "returncode": returncode, "started": started,
                          "ended": time.time(), "stopped_nonfinite": (not ok) and "NonFiniteError" in tail})
-        failed = f" (exit {returncode}; see {log})"
-        print(f"  {'done' if ok else 'FAILED':<7} {job.point.name}" + ("" if ok else failed), flush=True)
+        shown = {"finished": "done", "interrupted": "stopped", "failed": "FAILED"}[status]
+        said = {"finished": "", "interrupted": " (Ctrl-C; the next call resumes it)",
+                "failed": f" (exit {returncode}; see {log})"}[status]
+        print(f"  {shown:<7} {job.point.name}{said}", flush=True)
         return 0 if ok else 1
 
     with ThreadPoolExecutor(max(1, n_jobs)) as pool:
         return sum(pool.map(one, pending))
+
+
+def _forget_uncheckpointed(run_dir: Path) -> None:
+    """A run of the sweep killed before its first checkpoint has nothing to resume from, and `vespo train
+    --resume` refuses to start a run directory with rows over: the sweep, which owns the directory, starts
+    the run over itself (the rows are redone bit for bit)."""
+    if any((run_dir / "checkpoints").glob("step-*")):
+        return
+    for name in ("metrics.jsonl", "samples.jsonl", "eval_before.json"):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _write_lab(job: Job, extra: dict) -> None:

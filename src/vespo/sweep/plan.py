@@ -10,6 +10,7 @@ import pandas as pd
 import yaml
 
 from vespo.config import ConfigError, added_at_default, load_config, to_dict
+from vespo.errors import INTERRUPTED
 from vespo.lab.grid import GridPoint, Sweep, SweepError, off_grid
 from vespo.sweep.provenance import write_sessions
 from vespo.lab.runs import read_archive_body, write_run
@@ -55,8 +56,8 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
                                                                                    run_dir / "lab.json"))
         started = (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*"))
         action = ("skip" if summary.get("status") == "done" else
-                  "failed" if lab.get("returncode", 0) != 0 and not retry_failed else
-                  "resume" if started else "start")  # --resume starts over a run killed before its first checkpoint
+                  "failed" if lab.get("returncode", 0) not in (0, INTERRUPTED) and not retry_failed else
+                  "resume" if started else "start")  # (killed before its first checkpoint: the launcher starts it over)
         jobs.append(Job(point, run_dir, action, _warm_key(cfg), protocol))
     return jobs
 

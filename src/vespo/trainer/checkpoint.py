@@ -18,16 +18,23 @@ Safe to open: ``trainer.pt`` holds tensors and plain Python values only, and bot
 read by vespo.trainer.safe_load, which admits nothing that could run code.
 
 Atomic: a checkpoint is written into ``step-XXXXXX.tmp`` and renamed into place (by rank 0, once
-every rank has written); ``latest`` is replaced with ``os.replace``. A crash at any moment leaves the
-previous checkpoint intact. ``check_resume_config`` refuses to resume under a config that trains
-something else.
+every rank has written); ``latest`` is replaced with ``os.replace``. A crash at any moment, or a full
+disk (CheckpointError, the partial copy removed), leaves the previous checkpoint intact.
+
+Resuming: ``resume_point`` picks the checkpoint ``latest`` names when it verifies (weights, optimizer,
+trainer state, RNG), else the newest step directory that does, with a note naming it; a run directory
+that holds a run but no checkpoint that verifies is refused (ResumeError), never started over.
+``check_resume_config`` refuses to resume under a config that trains something else (where the run
+directory lies is not part of it: a moved or copied run resumes).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -39,10 +46,12 @@ import torch.distributed.checkpoint as dcp
 from vespo.config import added_at_default
 from vespo.errors import CheckpointError, ResumeError
 from vespo.trainer.distributed import Dist
-from vespo.trainer.safe_load import check_plain, load_plain, one_process_quietly, read_shards
+from vespo.trainer.safe_load import check_plain, check_shard_files, load_plain, one_process_quietly, read_shards
 
 KEEP = 2  # complete checkpoints kept on disk
 SHARDS_DIR, STATE_FILE, CONFIG_FILE = "dcp", "trainer.pt", "run_config.json"
+STEP_NAME = re.compile(r"step-\d{6}")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file size limit
 
 
 # ---------------------------------------------------------------- writing
@@ -58,26 +67,53 @@ def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, opt
     check_plain(state)
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step-{step:06d}", root / f"step-{step:06d}.tmp"
+    try:
+        if dist.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+        with one_process_quietly(dist):
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS_DIR))
+        dist.barrier()
+        if dist.is_main:
+            torch.save(state, tmp / STATE_FILE)
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
+            _fsync_tree(tmp)
+    except BaseException as e:
+        full = _disk_full(e)
+        if full is None:
+            raise
+        if dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # the space the partial copy took
+        previous = _pointer(root)
+        raise CheckpointError(f"no room to write checkpoint {final} ({full.strerror}); the previous checkpoint "
+                              f"{'(' + previous + ') ' if previous else ''}is intact: free space, then continue "
+                              "with --resume") from e
     if dist.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    dist.barrier()
-    with one_process_quietly(dist):
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS_DIR))
-    dist.barrier()
-    if dist.is_main:
-        torch.save(state, tmp / STATE_FILE)
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
-        _fsync_tree(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         latest_tmp = root / "latest.tmp"
         latest_tmp.write_text(final.name)
         os.replace(latest_tmp, root / "latest")
-        _prune(root, keep=KEEP)
+        _prune(root, keep=KEEP, newest=final.name)
     dist.barrier()
     return final
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The OSError of a full disk (or quota, or file size limit) behind ``error``, as dcp wraps it, or None."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        failures = getattr(e, "failures", {}).values()  # dcp's CheckpointException: rank -> (exception, traceback)
+        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in failures)]
+    return None
 
 
 def _sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -102,11 +138,103 @@ def _plain_group(group: dict) -> dict:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
+    """The checkpoint ``latest`` names, if it has its trainer state (a resume asks ``resume_point``)."""
+    root = Path(run_dir) / "checkpoints"
+    name = _pointer(root)
+    return root / name if name and (root / name / STATE_FILE).is_file() else None
+
+
+def resume_point(run_dir: str | Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint a --resume continues from, a note when it is not the one ``latest`` names): that one when
+    it verifies, else the newest step directory that does. (None, None) where the directory holds no run yet;
+    a ResumeError, changing nothing, where it holds a run and no checkpoint verifies."""
+    root = Path(run_dir) / "checkpoints"
+    name = _pointer(root)
+    if name:
+        problem = verify_checkpoint(root / name)
+        if problem is None:
+            return root / name, None
+        why = f"checkpoints/latest names {name}, which {problem}"
+    else:
+        why = _pointer_problem(root)
+    refused = []
+    for path in reversed(step_dirs(root)):
+        if path.name == name:
+            continue  # what is wrong with it is in ``why``
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, f"--resume: {why}; resuming from {path}, the newest checkpoint that verifies"
+        refused.append(f"{path.name} {problem}")
+    held = run_record(run_dir)
+    if held:
+        found = "; ".join([why, *refused]) if "checkpoints" in held else "none was written yet"
+        raise ResumeError(f"--resume: {run_dir} holds a run ({held}) but no checkpoint to continue it from ({found}); "
+                          "nothing was changed. Start the run again with another run.out_dir, or move this one away")
+    return None, None
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """What keeps the checkpoint at ``path`` from resuming (weights, optimizer, trainer state, RNG), or None;
+    reads the indexes and trainer.pt, and checks each shard's length, not the tensors."""
+    if not path.is_dir():
+        return "does not exist"
+    try:
+        state = read_trainer_state(path)
+        missing = [key for key in ("rng", "updates", "source") if key not in state]
+        if missing:
+            return f"has a {STATE_FILE} without {', '.join(missing)}"
+        if not (path / SHARDS_DIR / ".metadata").is_file():
+            return f"has no {SHARDS_DIR}/.metadata (incomplete)"
+        check_shard_files(path / SHARDS_DIR)
+        if (path / CONFIG_FILE).is_file():
+            json.loads((path / CONFIG_FILE).read_text())
+    except CheckpointError as e:
+        return f"is damaged ({str(e).split(';')[0]})"
+    except (OSError, ValueError) as e:
+        return f"cannot be read ({e})"
+    return None
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """The complete (renamed into place) step directories under ``root``, oldest first."""
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and STEP_NAME.fullmatch(p.name))
+
+
+def run_record(run_dir: str | Path) -> str | None:
+    """What shows that ``run_dir`` holds a run ("metrics.jsonl, 12 rows", "checkpoints"), or None: a directory
+    with an empty metrics.jsonl and no checkpoint (a start that failed) holds none."""
+    run_dir = Path(run_dir)
+    held = []
+    try:
+        rows = sum(1 for line in (run_dir / "metrics.jsonl").read_bytes().splitlines() if line.strip())
+        if rows:
+            held.append(f"metrics.jsonl, {rows} rows")
+    except OSError:
+        pass
+    root = run_dir / "checkpoints"
+    if step_dirs(root) or (root / "latest").exists():
+        held.append("checkpoints")
+    return ", ".join(held) or None
+
+
+def _pointer(root: Path) -> str | None:
+    """The step directory name ``latest`` holds, or None (missing, empty, unreadable, not a step name)."""
+    try:
+        name = (root / "latest").read_text().strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / STATE_FILE).is_file() else None
+    return name if STEP_NAME.fullmatch(name) else None
+
+
+def _pointer_problem(root: Path) -> str:
+    pointer = root / "latest"
+    if not pointer.exists():
+        return "checkpoints/latest is missing"
+    try:
+        text = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"checkpoints/latest cannot be read ({type(e).__name__})"
+    return "checkpoints/latest is empty" if not text else f"checkpoints/latest holds {text[:40]!r}, not a step name"
 
 
 def load_checkpoint(path: str | Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -150,10 +278,11 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-# fields a resumed run may change: how long it runs and how it reports, where it runs, not what it trains
-RESUMABLE_CHANGES = ("run.steps", "run.updates", "run.progress", "run.threads", "run.loggers", "run.checkpoint_every",
-                     "run.eval_every", "run.log_samples_every", "run.samples_per_log", "run.save_policy_every",
-                     "run.max_nonfinite_steps", "model.device", "rollout.device", "warmstart.cache_dir",
+# fields a resumed run may change: how long it runs and how it reports, where it runs (a moved run directory
+# included), not what it trains
+RESUMABLE_CHANGES = ("run.out_dir", "run.steps", "run.updates", "run.progress", "run.threads", "run.loggers",
+                     "run.checkpoint_every", "run.eval_every", "run.log_samples_every", "run.samples_per_log",
+                     "run.save_policy_every",                     "run.max_nonfinite_steps", "model.device", "rollout.device", "warmstart.cache_dir",
                      "async.ray_address", "async.stall_timeout_s", "async.max_restarts", "async.workers",
                      "async.learner_num_cpus", "async.learner_num_gpus")
 
@@ -220,8 +349,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- housekeeping
 
 
-def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+def _prune(root: Path, keep: int, newest: str) -> None:
+    """Keep the ``keep`` newest checkpoints up to ``newest`` (the one just written); step directories after it
+    (left by a run resumed from an earlier step) are rewritten as the run reaches them, not removed."""
+    done = [p for p in step_dirs(root) if p.name <= newest]
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -8,6 +8,9 @@
     vespo train --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint HOST:29500 ...   one of 2 nodes
     vespo train --help-config                     every field, its default and its allowed values
 
+Ctrl-C finishes the current step, writes a checkpoint and exits with status 130 (the summary's status
+is "interrupted"); a second Ctrl-C aborts at once.
+
 With --nproc the command starts torchrun, which runs `vespo train` once per rank (see
 docs/distributed.md); a job launched with torchrun directly (`torchrun ... -m vespo.cli train ...`)
 is the same.
@@ -23,21 +26,77 @@ import os
 import sys
 from importlib import resources
 
+from vespo.errors import INTERRUPTED
+
 
 def default_config_path() -> str:
     return str(resources.files("vespo").joinpath("configs/demo.yaml"))
 
 
 def print_fields() -> None:
-    """Every config field: its dotted name, default, help text and rule (the field's pydantic JSON schema: type,
-    enum, minimum, ...)."""
+    """Every config field as a reader takes it in: its dotted name, default and what it may be, then its help text
+    wrapped and indented below (from the field's pydantic JSON schema: type, enum, minimum, ...)."""
+    import textwrap
+
     from vespo.config import field_schemas
 
+    lines = []
     for section in field_schemas():
         for name, f in field_schemas(section).items():
+            lines.append(f"{section}.{name} = {f.get('default')!r}    ({describe_rule(f)})")
             help_ = " ".join(f.get("description", "").split())
-            rule = {k: v for k, v in f.items() if k not in ("title", "description", "default")}
-            print(f"{section + '.' + name:<32} {f.get('default')!r:<28} {help_}  {rule}")
+            lines += textwrap.wrap(help_, width=100, initial_indent="    ", subsequent_indent="    ")
+    try:
+        print("\n".join(lines))
+    except BrokenPipeError:  # `vespo train --help-config | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+TYPES = {"string": "text", "integer": "an integer", "number": "a number", "boolean": "true or false",
+         "object": "a mapping", "array": "a list", "null": "None"}
+
+
+def describe_rule(schema: dict) -> str:
+    """A field's JSON schema in words: "an integer >= 1", "one of: qwen3, llama", "text, or None"."""
+    if "anyOf" in schema:
+        return ", or ".join(describe_rule(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return "one of: " + ", ".join(map(str, schema["enum"]))
+    if schema.get("type") == "array" and "items" in schema:
+        return f"a list of {describe_rule(schema['items'])}"
+    words = [TYPES.get(schema.get("type", ""), schema.get("type", "a value"))]
+    bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+    words += [f"{op} {schema[key]}" for key, op in bounds.items() if key in schema]
+    if "pattern" in schema:
+        words.append(f"matching {schema['pattern']}")
+    return " ".join(words)
+
+
+def check_inherited_task_options(cfg, config_path: str | None, overrides: list[str]) -> None:
+    """A task named on the command line with task.options left to the config file (or the embedded demo): options
+    of another task that this one does not take are refused saying where they came from."""
+    from vespo.config import ConfigError
+    from vespo.trainer.run import build_task
+
+    names = {item.partition("=")[0].strip() for item in overrides}
+    if "task.name" not in names or any(n.startswith("task.options") for n in names) or not cfg.task.options:
+        return
+    try:
+        build_task(cfg)
+    except ConfigError as e:
+        base = config_path or "the embedded demo config"
+        raise ConfigError(f"{e}; task.options {cfg.task.options} came from {base}, not from your overrides: with "
+                          f"task.name={cfg.task.name} set its options too (task.options={{}} for its defaults)"
+                          ) from None
+
+
+def announce_overridden(cfg, overrides: list[str]) -> None:
+    """Say so when an override cannot act because another setting decides (run.steps under run.updates)."""
+    names = {item.partition("=")[0].strip() for item in overrides}
+    if "run.steps" in names and "run.updates" not in names and cfg.run.updates:
+        print(f"notice: run.steps has no effect: run.updates={cfg.run.updates} (from the config) sets the run's "
+              f"length ({cfg.steps} rollout steps of staleness.n={cfg.staleness.n}); override run.updates instead",
+              file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +110,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--node-rank", type=int, default=None, help="this node's index in a multi-node job")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT where the nodes of a multi-node job meet")
     p.add_argument("overrides", nargs="*", help="section.field=value overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options anywhere among the overrides: `... a=1 --resume b=2`
 
     from vespo.config import ConfigError, check_rules, load_config
 
@@ -68,11 +127,17 @@ def main(argv: list[str]) -> int:
     from vespo.trainer import train
     from vespo.trainer.distributed import launched_by_torchrun
 
+    check_inherited_task_options(cfg, args.config, overrides)
+    announce_overridden(cfg, overrides)
     try:
-        train(cfg, resume=args.resume)
+        summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt:
-        print("vespo train: aborted", file=sys.stderr)
-        return 130
+        print("vespo train: aborted (a second Ctrl-C); continue with --resume", file=sys.stderr)
+        return INTERRUPTED
+    if summary["status"] == "interrupted":
+        print(f"vespo train: interrupted at step {summary['steps_done']} of {cfg.steps}, checkpoint written; "
+              "continue with --resume", file=sys.stderr)
+        return INTERRUPTED
     if launched_by_torchrun():  # one rank of several, done and every file written: leave without the interpreter's
         sys.stdout.flush()      # teardown, in which a process-group thread now and then aborts the process
         sys.stderr.flush()      # ("terminate called without an active exception", about 1 run in 10 under load)

@@ -24,6 +24,7 @@ of every row trained in it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -36,15 +37,17 @@ import torch
 
 from vespo.buffer import lag_stats
 from vespo.config import Config, check_rules, to_dict
+from vespo.errors import CheckpointError
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
-from vespo.trainer.checkpoint import check_resume_config, latest_checkpoint
+from vespo.trainer.checkpoint import check_resume_config, resume_point
 from vespo.trainer.distributed import Dist
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
-from vespo.trainer.run import Run, build_run
-from vespo.trainer.runlog import GracefulInterrupt, RunLog, check_new_run_dir, console, progress_bar, write_atomic
+from vespo.trainer.run import Run, build_run, check_installed
+from vespo.trainer.runlog import (GracefulInterrupt, RunLog, check_new_run_dir, console, hold_run_dir, plain_every,
+                                  progress_bar, step_line, write_atomic)
 from vespo.trainer.sources import LocalSource
 from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
 
@@ -64,13 +67,17 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
     from vespo.trainer.distributed import init_distributed, local_device, shutdown
 
     dist = init_distributed(local_device(resolve_device(cfg.model.device)))
+    check_installed(cfg)
     if not resume:
         check_new_run_dir(cfg)  # before the model is built and warm-started
     if dist.active:
         check_rules(cfg, dist.world, torchrun=True)
-    if applies(cfg) and cfg.warmstart.kind == "on_policy":
-        make_on_policy_start(cfg)
     with ExitStack() as stack:
+        if dist.is_main:  # one run per directory: a second process on it stops here, having changed nothing
+            stack.enter_context(hold_run_dir(cfg.run.out_dir))
+        checkpoint = resume_checkpoint(cfg, dist) if resume else None  # refused here, before anything is built
+        if applies(cfg) and cfg.warmstart.kind == "on_policy":
+            make_on_policy_start(cfg)
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
         if cfg.run.mode == "async":
@@ -82,7 +89,21 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         stack.callback(learner.close)
         source = build_source(run, learner, dist, engine)
         stack.callback(source.close)
-        return Loop(run, learner, source, on_update, dist, until).fit(resume)
+        return Loop(run, learner, source, on_update, dist, until).fit(resume, checkpoint)
+
+
+def resume_checkpoint(cfg: Config, dist: Dist) -> Path | None:
+    """The checkpoint --resume continues from (None: the directory holds no run yet, which starts afresh); a run
+    with no checkpoint that verifies, or a config that trains something else, is refused."""
+    say = console.print if dist.is_main else _quiet
+    path, note = resume_point(cfg.run.out_dir)
+    if note:
+        say(note, markup=False)
+    if path is None:
+        say(f"--resume: no checkpoint in {cfg.run.out_dir}/checkpoints yet; starting the run from the beginning")
+        return None
+    check_resume_config(path, to_dict(cfg))
+    return path
 
 
 def make_on_policy_start(cfg: Config) -> None:
@@ -186,8 +207,10 @@ class Loop:
 
     # ------------------------------------------------------------ the run
 
-    def fit(self, resume: bool) -> dict:
-        first = self._resume() if resume else 0
+    def fit(self, resume: bool, checkpoint: Path | None = None) -> dict:
+        """Train the run (from ``checkpoint`` when given; ``resume`` without one: a run directory that holds no
+        run yet) to its end, or until Ctrl-C or ``until`` stops it."""
+        first = self._resume(checkpoint) if checkpoint is not None else 0
         runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None, writes=self.dist.is_main)
         self.updates_done = first
         self.source.start(first)
@@ -199,11 +222,20 @@ class Loop:
         self.t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
+        except KeyboardInterrupt:  # a second Ctrl-C: no evaluation, the summary says where the run stopped
+            self._checkpoint_safely()
+            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt stays in front
+                runlog.write_summary(self.summary(before, {}, "interrupted"))
+            runlog.close()
+            raise
+        except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
+            runlog.close()
+            raise
         except BaseException:
             self._checkpoint_safely()
             runlog.close()
             raise
-        after = self.evaluate()
+        after = self.evaluate(label="after RL")
         self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
         summary = self.summary(before, after, status)
         runlog.write_summary(summary)
@@ -218,7 +250,9 @@ class Loop:
 
     def train_steps(self, runlog: RunLog) -> str:
         """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
-        with GracefulInterrupt() as stop, progress_bar(self.cfg.run.progress and self.dist.is_main) as bar:
+        shown = self.cfg.run.progress and self.dist.is_main
+        plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
+        with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
             task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.updates_done // self.n,
                                 status="")
             window, t_step = StepWindow(), time.perf_counter()
@@ -228,6 +262,9 @@ class Loop:
                     continue
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
+                step = self.updates_done // self.n
+                if plain and (step % plain_every(self.cfg.steps) == 0 or step == self.cfg.steps):
+                    console.print(step_line(step, self.cfg.steps, row), markup=False, highlight=False)
                 window, t_step = StepWindow(), time.perf_counter()
                 if self.until is not None and "eval/reward_sampled" in row and self.until(row):
                     self.target_reached = True
@@ -281,21 +318,29 @@ class Loop:
 
     # ------------------------------------------------------------ evaluation, checkpoints
 
-    def evaluate(self, size: int = 0) -> dict[str, float]:
+    def evaluate(self, size: int = 0, label: str = "") -> dict[str, float]:
         """Held-out reward with the newest weights: one sample per problem, and greedy, on the first ``size``
-        held-out problems (0: all). Each rank evaluates its share; every rank gets the mean over all of them."""
+        held-out problems (0: all). Each rank evaluates its share; every rank gets the mean over all of them.
+        With a ``label`` (before RL, after RL) it says so when it starts and what it found."""
         problems = self.run.eval_problems[:size] if size else self.run.eval_problems
+        if label:
+            self._say(f"held-out evaluation {label}: {len(problems)} problems, one sample and greedy ...")
+        t0 = time.perf_counter()
         mine = problems[self.dist.rank::self.dist.world]
         means = heldout_rewards(self.source.generate, mine, self.run.scorer, self.run.sampling)
         parts = [(m, n) for m, n in self.dist.gather_object((means, len(mine))) if n]
         total = sum(n for _, n in parts)
-        return {key: sum(m[key] * n for m, n in parts) / total for key in (parts[0][0] if parts else {})}
+        result = {key: sum(m[key] * n for m, n in parts) / total for key in (parts[0][0] if parts else {})}
+        if label and result:
+            self._say(f"held-out evaluation {label}: sampled {result['reward_sampled']:.3f}, greedy "
+                      f"{result['reward_greedy']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        return result
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
         path = runlog.dir / "eval_before.json"
         if first == 0 or not path.exists():
             # a shared on-policy start's evaluation is of these weights on these problems: not made again
-            before = (self.run.start_eval or self.evaluate()) if first == 0 else {}
+            before = (self.run.start_eval or self.evaluate(label="before RL")) if first == 0 else {}
             if self.dist.is_main:
                 write_atomic(path, json.dumps(before))
             return before
@@ -320,13 +365,7 @@ class Loop:
         except Exception as e:  # keep the original error in front
             self._say(f"[red]run stopped and its checkpoint failed too: {e}")
 
-    def _resume(self) -> int:
-        path = latest_checkpoint(self.cfg.run.out_dir)
-        if path is None:
-            self._say(f"--resume: no checkpoint in {self.cfg.run.out_dir}/checkpoints yet; "
-                      "starting the run from the beginning")
-            return 0
-        check_resume_config(path, to_dict(self.cfg))
+    def _resume(self, path: Path) -> int:
         state = self.learner.load_checkpoint(path)
         self.source.load_state_dict(state["source"])
         updates = int(state["updates"])

@@ -79,10 +79,39 @@ def build_run(cfg: Config, log=print) -> Run:
         log(f"warm start: the on-policy start of seed {cfg.run.seed} ({record['updates']} updates, held-out sampled "
             f"{start_eval.get('reward_sampled', float('nan')):.3f}) from {on_policy_dir(cfg)}")
     elif applies(cfg):
+        if cfg.model.path:
+            log(f"notice: a supervised warm start ({cfg.warmstart.steps} steps on the task's reference answers) trains "
+                f"the pretrained {cfg.model.path} before RL; warmstart.enabled=false skips it")
         ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats, start_eval)
+
+
+def check_installed(cfg: Config) -> None:
+    """Refuse, before anything is built or written, a run that needs a package (or a device) this machine lacks."""
+    import importlib
+
+    def missing(module: str) -> bool:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return True
+        return False
+
+    if "wandb" in cfg.run.loggers and missing("wandb"):
+        raise ConfigError("run.loggers includes wandb, which is not installed: pip install 'vespo[wandb]', or drop "
+                          "wandb from run.loggers")
+    if cfg.run.mode == "async" and missing("ray"):
+        raise ConfigError("--mode async (run.mode=async) runs its rollout workers and learner on Ray, which is not "
+                          "installed: pip install 'vespo[ray]'")
+    if cfg.rollout.engine == "vllm":
+        if missing("vllm"):
+            raise ConfigError("rollout.engine=vllm needs vLLM, which is not installed: pip install 'vespo[vllm]' (on "
+                              "a CUDA machine), or use rollout.engine=hf")
+        if not torch.cuda.is_available():
+            raise ConfigError("rollout.engine=vllm needs a CUDA device, and this machine has none; use "
+                              "rollout.engine=hf")
 
 
 def ess_notice(cfg: Config) -> str | None:

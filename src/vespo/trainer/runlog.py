@@ -8,14 +8,21 @@ bar, summary.
     RUN_DIR/summary.json        reward before and after, collapse flags, timings
     RUN_DIR/checkpoints/        see vespo.trainer.checkpoint
     RUN_DIR/policy/             see vespo.trainer.policy_dir
+    RUN_DIR/.lock               held (fcntl) by the process running the run: one process per run directory
+
+Without a terminal (nohup, a batch job, CI) the progress bar gives way to one plain line per step (or
+every few steps): step, reward, loss, ESS, seconds per step; no line is wrapped.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vespo.config import Config, to_dict
 from vespo.errors import RunDirError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a path stays whole in a log file, whatever its length
 
 
 class MetricSink(Protocol):
@@ -160,11 +167,56 @@ class RunLog:
 
 
 def check_new_run_dir(cfg: Config) -> None:
-    """A new run must not write into a directory that holds another run's metrics."""
-    metrics = Path(cfg.run.out_dir) / "metrics.jsonl"
-    if metrics.exists():
-        raise RunDirError(f"run directory {metrics.parent} already holds a run ({metrics.name}); pass --resume "
-                          "to continue it, or choose another run.out_dir")
+    """A new run must not write into a directory that holds another run (its metrics or checkpoints)."""
+    from vespo.trainer.checkpoint import run_record
+
+    held = run_record(cfg.run.out_dir)
+    if held:
+        raise RunDirError(f"run directory {cfg.run.out_dir} already holds a run ({held}); pass --resume to continue "
+                          "it, or choose another run.out_dir")
+
+
+@contextmanager
+def hold_run_dir(out_dir: str | Path):
+    """Hold ``RUN_DIR/.lock`` (an fcntl lock, released when the process ends however it ends) for the run; a run
+    directory another process holds is refused in one line. A directory made here and left with nothing but the
+    lock (the run refused before writing anything) is removed again."""
+    import fcntl
+
+    out = Path(out_dir)
+    made = out.absolute()
+    while not made.parent.exists():  # the outermost directory this makes
+        made = made.parent
+    made = None if out.exists() else made
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "a+")
+    except OSError as e:
+        raise RunDirError(f"run.out_dir {out} cannot be written ({e.strerror}); choose a writable run.out_dir"
+                          ) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        by = f" (pid {holder})" if holder else ""
+        raise RunDirError(f"run directory {out} is in use by another vespo process{by}; wait for it to end, or stop "
+                          "it, before running this one") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    try:
+        yield out
+    except BaseException:
+        if made is not None and [p.name for p in made.rglob("*") if p.is_file()] == [".lock"]:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    finally:
+        lock.close()
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -182,6 +234,21 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def step_line(step: int, steps: int, row: dict[str, float]) -> str:
+    """One plain line of a step for a log file: step, reward, loss, ESS, seconds per step."""
+    def value(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+    return (f"step {step}/{steps}  reward {value('reward/mean', '.3f')}  loss {value('loss/total', '.4g')}  "
+            f"ess {value('is/ess', '.3f')}  {value('perf/step_s', '.2f')} s/step")
+
+
+def plain_every(steps: int) -> int:
+    """How often a run without a terminal prints its step line: every step up to 100 steps, else ~100 lines."""
+    return max(1, steps // 100)
 
 
 def progress_bar(enabled: bool) -> Progress:

@@ -60,7 +60,7 @@ def load_plain(file: Path) -> Any:
             f"{file} holds objects other than tensors and plain data ({found.group(1) if found else e}); vespo does "
             "not open it, since loading it could run code. Load it yourself with torch.load(weights_only=False) "
             "only if you trust where it came from") from e
-    except (RuntimeError, EOFError) as e:
+    except (RuntimeError, EOFError, OSError) as e:  # a truncated zip archive raises any of them
         raise CheckpointError(f"{file} cannot be read ({str(e).splitlines()[0]}); it is damaged, resume from "
                               "another checkpoint") from e
 
@@ -70,7 +70,7 @@ def read_shards(shards: Path, target: dict, error: type[Exception]) -> None:
     place; a mismatch of names or shapes (another model) raises ``error``."""
     if not (shards / ".metadata").is_file():
         raise CheckpointError(f"checkpoint {shards.parent} has no {shards.name}/.metadata; it is incomplete")
-    SafeReader(str(shards)).read_metadata()  # refuses an unsafe index here, before dcp wraps the error
+    check_shard_files(shards)  # refuses an unsafe index or a short shard here, before dcp wraps the error
     try:
         with one_process_quietly():
             dcp.load(target, storage_reader=SafeReader(str(shards)))
@@ -79,6 +79,22 @@ def read_shards(shards: Path, target: dict, error: type[Exception]) -> None:
         detail = " ".join(lines[-1].split())[:300]
         raise error(f"{shards} holds the weights of another model ({detail}); use the config the run was started "
                     "with (RUN_DIR/config.yaml)") from e
+
+
+def check_shard_files(shards: Path) -> None:
+    """Raise CheckpointError naming a shard file of the dcp directory ``shards`` that is missing or shorter than its
+    index says (a write cut short: a full disk, a killed copy); reads the index, not the tensors."""
+    metadata = SafeReader(str(shards)).read_metadata()
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        file = shards / name
+        if not file.is_file():
+            raise CheckpointError(f"shard {file} is missing; the checkpoint is incomplete")
+        if file.stat().st_size < size:
+            raise CheckpointError(f"shard {file} is truncated ({file.stat().st_size} of {size} bytes); the "
+                                  "checkpoint is damaged")
 
 
 @contextmanager

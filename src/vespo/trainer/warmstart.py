@@ -43,6 +43,8 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, sampling: S
     problems = task.generate(ws.steps * ws.batch_size, seed=10_000 + cfg.run.seed)  # disjoint from RL's seed
     probe = AccuracyProbe(model, tokenizer, task, cfg, sampling) if ws.target_accuracy > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr)
+    log(f"warm start: up to {ws.steps} supervised steps on the task's reference answers ({ws.batch_size} per step)")
+    every = max(1, ws.steps // 10)
     model.train()
     loss, steps, accuracy = torch.zeros(()), 0, None  # accuracy is measured only with a target
     for step in range(ws.steps):
@@ -55,6 +57,8 @@ def warm_start(model: torch.nn.Module, tokenizer, task, cfg: Config, sampling: S
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         steps = step + 1
+        if steps % every == 0 and steps < ws.steps:
+            log(f"warm start: step {steps}/{ws.steps}, loss {float(loss.detach()):.3f}")
         if probe is not None and steps % ws.check_every == 0:
             accuracy = probe(steps)
             if accuracy >= ws.target_accuracy:
