@@ -36,7 +36,8 @@ def test_truncated_sampling_gives_w_exactly_one_with_mu_recomputed_and_the_engin
         assert metrics["is/log_w_min"] == 0.0 and metrics["is/log_w_max"] == 0.0
     for behavior, top in (("rollout", truncation), ("rollout", ())):
         with sync_loop(make_cfg("staleness.n=1", f"staleness.behavior={behavior}", *truncation)) as loop:
-            loop.learner.top_k, loop.learner.top_p = (5, 0.8) if top else (0, 1.0)
+            k, p = (5, 0.8) if top else (0, 1.0)
+            loop.learner.sampling = loop.learner.sampling.model_copy(update={"top_k": k, "top_p": p})
             metrics = rollout_step(loop)
         gap = max(abs(metrics["is/log_w_min"]), abs(metrics["is/log_w_max"]))
         assert gap < 1e-4 if top else gap > 1e-2, (top, gap)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from vespo.config import Config, OptimConfig
-from vespo.losses import concat_rows, ess_step_scale, get_loss, prepare_inputs, summarize
+from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, enable_checkpointing, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
@@ -98,16 +98,10 @@ class Learner:
             self.dist.broadcast_state(self.module)
             shard_policy(self.module, self.dist, self.device, bf16=cfg.model.autocast)
         self.autocast = cfg.model.autocast and not self.dist.active
-        self.spec, self.loss_cfg = get_loss(cfg.loss.name), cfg.loss.options  # the loss; its config built by the Config
-        self.optim_cfg = optim = cfg.optim
-        self.temperature = cfg.rollout.temperature
-        self.top_k, self.top_p = cfg.rollout.top_k, cfg.rollout.top_p  # μ and π are of the truncated distribution
-        self.max_nonfinite = cfg.run.max_nonfinite_steps
+        self.spec, self.loss_cfg = cfg.loss.spec, cfg.loss.options  # the loss and its typed options (the Config's)
+        self.optim_cfg, self.sampling, self.max_nonfinite = cfg.optim, cfg.rollout, cfg.run.max_nonfinite_steps
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        # fused: one kernel for all parameters instead of ~10 small ops per tensor (4x faster on CPU)
-        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                                           weight_decay=optim.weight_decay, fused=True)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(optim, cfg.total_updates))
+        self.optimizer, self.scheduler = _adamw(self.params, cfg.optim, cfg.total_updates)
         self.version = 0  # optimizer steps taken = the policy version
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
@@ -183,47 +177,34 @@ class Learner:
         share_prompts = share_prompts and micro.routed_experts is None and not self.dist.active
         with self._autocast():
             return self.module(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask,
-                               temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                               temperature=self.sampling.temperature, top_k=self.sampling.top_k,
+                               top_p=self.sampling.top_p,
                                with_entropy=with_entropy, routed_experts=micro.routed_experts,
                                share_prompts=share_prompts)
 
     # ------------------------------------------------------------ one optimizer step
 
     def update(self, item: TrainItem) -> UpdateResult:
-        """One optimizer step on a prepared item; its metrics are the whole mini-batch's."""
+        """One optimizer step on a prepared item; its metrics are the whole mini-batch's.
+
+        The gradient of every micro-batch is accumulated (``_accumulate``), clipped, and the step is taken at
+        the scheduled lr (times VCPO's ESS scale when ``optim.ess_scaled_lr``), unless the loss or the gradient
+        is non-finite (``_skip``: weights and optimizer state untouched)."""
         if item.index not in self.staged:
             raise ValueError(f"item {item.index} was not prepared: call prepare() with it before update()")
         staged = self.staged.pop(item.index)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        normalizer = self._normalizer(staged.batch)
-        loss_sum = torch.zeros((), device=self.device)
-        loss_rows, behavior, weights = [], [], []
         with self._count_replay() as replayed:
-            for micro in self.micro_batches(staged.batch):
-                micro = micro.to(self.device)
-                logp, entropy = self._logprobs(micro, with_entropy=staged.shared_pass)  # replays micro.routed_experts
-                old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()  # lag 0: the recompute
-                if staged.shared_pass:
-                    behavior.append(behavior_rows(micro.rollout_logp, logp.detach(), entropy, micro.response_mask))
-                out = self._loss(micro, logp, old_logp, normalizer)
-                out.loss.backward()
-                loss_sum = loss_sum + out.loss.detach()
-                loss_rows.append({k: v for k, v in out.rows.items() if k not in ENGINE_GAP_ROWS})
-                weights.append(out.seq_weight)
-        local_rows = concat_rows(loss_rows)
+            loss_sum, local_rows, behavior, weights = self._accumulate(staged)
         rows = self.dist.gather_rows(local_rows)  # the global mini-batch's rows, on every rank
-        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
-        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        grad_norm = self._clip()
         metrics = {**summarize(rows), "loss/total": self.dist.sum(loss_sum), "optim/grad_norm": grad_norm,
                    "optim/grad_norm_max": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
-                   **self._replay_metrics(replayed)}
-        if self.optim_cfg.ess_scaled_lr:  # VCPO: this step's lr x sqrt(ESS / B) (vespo.losses.step_size)
-            against = "engine_log_w" if self.optim_cfg.ess_against == "engine" else "log_w"
-            metrics["optim/ess_lr_scale"] = ess_step_scale(rows, against)
+                   **self._replay_metrics(replayed), **self._step_scale(rows)}
         metrics = to_floats(metrics)  # the update's one host sync
-        result = dict(behavior_rows=concat_rows(behavior), lags=self.version - item.batch.versions,
-                      log_w=local_rows["log_w"].float().cpu(), weight=torch.cat(weights).float().cpu())
+        result = dict(behavior_rows=behavior, lags=self.version - item.batch.versions,
+                      log_w=local_rows["log_w"].float().cpu(), weight=weights)
         if not (math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["optim/grad_norm"])):
             return self._skip(metrics, result)
         with _lr_scaled(self.optimizer, metrics.get("optim/ess_lr_scale", 1.0)):
@@ -234,6 +215,39 @@ class Learner:
         self.nonfinite_in_a_row = 0
         metrics["optim/n_skipped"] = 0.0
         return UpdateResult(metrics, skipped=False, **result)
+
+    def _accumulate(self, staged: Staged) -> tuple[Tensor, Rows, Rows, Tensor]:
+        """Forward and backward of every micro-batch of the mini-batch: the summed loss, the loss rows of
+        this rank, the behaviour rows when the update's forward is also the behaviour pass, and each
+        sequence's weight [B] (on the CPU)."""
+        normalizer = self._normalizer(staged.batch)
+        loss_sum = torch.zeros((), device=self.device)
+        loss_rows, behavior, weights = [], [], []
+        for micro in self.micro_batches(staged.batch):
+            micro = micro.to(self.device)
+            logp, entropy = self._logprobs(micro, with_entropy=staged.shared_pass)  # replays micro.routed_experts
+            old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()  # lag 0: the recompute
+            if staged.shared_pass:
+                behavior.append(behavior_rows(micro.rollout_logp, logp.detach(), entropy, micro.response_mask))
+            out = self._loss(micro, logp, old_logp, normalizer)
+            out.loss.backward()
+            loss_sum = loss_sum + out.loss.detach()
+            loss_rows.append({k: v for k, v in out.rows.items() if k not in ENGINE_GAP_ROWS})
+            weights.append(out.seq_weight)
+        return loss_sum, concat_rows(loss_rows), concat_rows(behavior), torch.cat(weights).float().cpu()
+
+    def _clip(self) -> Tensor:
+        """Clip the gradient to ``optim.grad_clip`` (0: no clipping); returns its norm before clipping."""
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
+        return full_tensor(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    def _step_scale(self, rows: Rows) -> dict[str, Tensor]:
+        """VCPO's step size: this step's lr x sqrt(ESS / B) (vespo.losses.step_size) when
+        ``optim.ess_scaled_lr``; the ESS is the trainer's W's or the engine's."""
+        if not self.optim_cfg.ess_scaled_lr:
+            return {}
+        against = "engine_log_w" if self.optim_cfg.ess_against == "engine" else "log_w"
+        return {"optim/ess_lr_scale": ess_step_scale(rows, against)}
 
     def _loss(self, micro: TrainBatch, logp: Tensor, old_logp: Tensor, normalizer: float):
         """The loss of one micro-batch (on the learner's device) given its log-probs [b, T].
@@ -381,6 +395,14 @@ def _lr_scaled(optimizer: torch.optim.Optimizer, factor: float):
     finally:
         for group, lr in zip(optimizer.param_groups, lrs):
             group["lr"] = lr
+
+
+def _adamw(params: list[Tensor], optim: OptimConfig, total: int):
+    """AdamW over ``params`` and its lr schedule over ``total`` optimizer steps. Fused: one kernel for all
+    parameters instead of ~10 small ops per tensor (4x faster on CPU)."""
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                                  weight_decay=optim.weight_decay, fused=True)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(optim, total))
 
 
 def _schedule(optim: OptimConfig, total: int):
