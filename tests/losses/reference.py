@@ -431,6 +431,126 @@ def bisect(g, lo, hi, iterations=200):
     return (lo + hi) / 2
 
 
+# ---- the peers' newer losses (each docstring: the peer's file it follows) --------------------------------
+
+
+def _dro(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_dro: -(A logp - beta/2 (log r)^2); d/dlogp = -A + beta log r."""
+    return [[(-(adv[i][t] * lp - 0.5 * cfg.beta * (lp - old[i][t]) ** 2), -adv[i][t] + cfg.beta * (lp - old[i][t]))
+             for t, lp in enumerate(row)] for i, row in enumerate(logp)]
+
+
+def _ipo(logp, old, adv, mask, cfg, rollout):
+    """prime-rl's ipo_loss_fn: -keep A r + tau (log r)^2, keep = |pi - mu| <= delta (and |log r| <= 20)."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A, log_r = adv[i][t], lp - old[i][t]
+            outside = abs(math.exp(lp) - math.exp(old[i][t])) > cfg.delta
+            pg = -A * math.exp(log_r) if not outside and abs(log_r) <= TOKEN_CLAMP else 0.0
+            cells.append((pg + cfg.kl_tau * log_r**2, pg + 2.0 * cfg.kl_tau * log_r))
+        out.append(cells)
+    return out
+
+
+def _topr(logp, old, adv, mask, cfg, rollout):
+    """ROLL's _compute_topr_loss with the split by A's sign: w = w_pos (A > 0), w_neg min(r, 1) (A <= 0)."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A = adv[i][t]
+            w = cfg.positive_weight if A > 0 else cfg.negative_weight * min(_ratio(lp, old[i][t])[0], 1.0)
+            cells.append((-w * A * lp, -w * A))
+        out.append(cells)
+    return out
+
+
+def _gmpo(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_geo_mean: -A_i exp(mean_t c_t), c_t the log-ratio clipped by A_t's sign, A_i the
+    token mean of A. Token form: each token carries the row's value and d/dlogp_t = -A_i rho_i c'_t."""
+    out = []
+    for i, row in enumerate(logp):
+        valid = [t for t in range(len(row)) if mask[i][t]]
+        n = max(len(valid), 1)
+        mean_adv = sum(adv[i][t] for t in valid) / n
+        clipped, slope = {}, {}
+        for t in valid:
+            d, A = row[t] - old[i][t], adv[i][t]
+            dc = min(max(d, -TOKEN_CLAMP), TOKEN_CLAMP)
+            inside = abs(d) < TOKEN_CLAMP
+            if A > 0:
+                clipped[t], slope[t] = min(dc, cfg.eps_high), 1.0 if inside and dc < cfg.eps_high else 0.0
+            elif A < 0:
+                clipped[t], slope[t] = max(dc, -cfg.eps_low), 1.0 if inside and dc > -cfg.eps_low else 0.0
+            else:
+                clipped[t], slope[t] = 0.0, 0.0
+        rho = math.exp(sum(clipped.values()) / n)
+        out.append([(-mean_adv * rho, -mean_adv * rho * slope.get(t, 0.0)) for t in range(len(row))])
+    return out
+
+
+def _covariances(logp, adv, mask):
+    """[(cov_j, (i, t))] over the valid tokens in row-major order: (A_j - mean A)(logp_j - mean logp)."""
+    tokens = [(i, t) for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    n = max(len(tokens), 1)
+    a_mean = sum(adv[i][t] for i, t in tokens) / n
+    lp_mean = sum(logp[i][t] for i, t in tokens) / n
+    return [((adv[i][t] - a_mean) * (logp[i][t] - lp_mean), (i, t)) for i, t in tokens]
+
+
+def kl_cov_selected(logp, adv, mask, ratio):
+    """verl's kl_cov selection: the max(1, floor(N ratio)) tokens of largest covariance."""
+    covs = _covariances(logp, adv, mask)
+    k = max(1, int(len(covs) * ratio)) if covs else 0
+    return {it for _, it in sorted(covs, key=lambda c: -c[0])[:k]}
+
+
+def _kl_cov(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_kl_cov: -A r, plus coef |log r| on the selected tokens."""
+    chosen = kl_cov_selected(logp, adv, mask, cfg.kl_cov_ratio)
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A, log_r = adv[i][t], lp - old[i][t]
+            r, dr = _ratio(lp, old[i][t])
+            value, d = -A * r, -A * dr
+            if (i, t) in chosen:
+                value += cfg.coef * abs(log_r)
+                d += cfg.coef * (1.0 if log_r > 0 else -1.0 if log_r < 0 else 0.0)
+            cells.append((value, d))
+        out.append(cells)
+    return out
+
+
+def clip_cov_cut(logp, old, adv, mask, cfg):
+    """verl's clip_cov draw: candidates (unclipped, lb < cov < ub) in row-major order, permuted by
+    torch.randperm from the global generator, the first max(1, floor(N ratio)) of them."""
+    import torch
+
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    candidates = []
+    for cov, (i, t) in _covariances(logp, adv, mask):
+        r, A = _ratio(logp[i][t], old[i][t])[0], adv[i][t]
+        clipped = -A * min(max(r, lo), hi) > -A * r
+        if not clipped and cfg.clip_cov_lb < cov < cfg.clip_cov_ub:
+            candidates.append((i, t))
+    n_valid = sum(1 for row in mask for m in row if m)
+    count = max(int(cfg.clip_cov_ratio * n_valid), 1)
+    if not candidates:
+        return set()
+    return {candidates[j] for j in torch.randperm(len(candidates)).tolist()[:count]}
+
+
+def _clip_cov(logp, old, adv, mask, cfg, rollout):
+    cut = clip_cov_cut(logp, old, adv, mask, cfg)
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    return [[(0.0, 0.0) if (i, t) in cut else _ppo(*_ratio(lp, old[i][t]), adv[i][t], lo, hi, None)
+             for t, lp in enumerate(row)] for i, row in enumerate(logp)]
+
+
 TOKEN_FNS = {
     "reinforce": _reinforce,
     "grpo": _grpo,
@@ -442,4 +562,11 @@ TOKEN_FNS = {
     "prime_rl": _prime_rl,
     "vespo": _vespo,
     "vespo_adaptive": _vespo_adaptive,
+    "luspo": _gspo,  # GSPO's token form; the length weighting is the aggregation (seq-mean-token-sum)
+    "gmpo": _gmpo,
+    "dro": _dro,
+    "ipo": _ipo,
+    "topr": _topr,
+    "kl_cov": _kl_cov,
+    "clip_cov": _clip_cov,
 }

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from vespo.losses import AGG_MODES, get_loss, loss_names
+from vespo.losses.luspo import LUSPO_AGG
 
 from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import geo_kept, m2po_kept, reference_loss
 
+RNG_SEED = 1234
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
 VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "reinforce": [{"is_level": "none"}, {"is_level": "token"}, {"is_level": "sequence"}],
@@ -28,6 +30,13 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "m2po": [{}, {"m2_threshold": 0.5}, {"m2_threshold": 5.0}],
     "prime_rl": [{}, {"delta_low": 0.05, "delta_high": 0.3, "kl_tau": 0.1}],
     "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
+    "luspo": [{}, {"eps_low": 0.2, "eps_high": 0.3}],
+    "gmpo": [{}, {"eps_low": 0.1, "eps_high": 0.3}],
+    "dro": [{}, {"beta": 2.0}],
+    "ipo": [{}, {"delta": 0.02, "kl_tau": 0.1}],
+    "topr": [{}, {"positive_weight": 0.5, "negative_weight": 2.0}],
+    "kl_cov": [{}, {"kl_cov_ratio": 0.2, "coef": 0.5}],
+    "clip_cov": [{}, {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0, "eps_high": 0.28}],
     "vespo_adaptive": [{}, {"budget_pos": 1.3, "budget_neg": 0.8, "lambda_min": 1e-3, "lambda_max": 50.0},
                        {"rule": "ess"}, {"rule": "ess", "ess_target": 0.97, "scale_min": 0.01, "scale_max": 2.0},
                        {"rule": "ess", "length_norm": "sqrt", "k_neg": 5.0}],
@@ -37,8 +46,10 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
 def run_both(name, batch, cfg, normalizer=None, bypass=False):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
+    torch.manual_seed(RNG_SEED)  # clip_cov draws from torch's global generator, as verl's: the same draw in both
     out = call_loss(get_loss(name), logp, cfg=cfg, normalizer=normalizer, bypass=bypass, **args)
     (grad,) = torch.autograd.grad(out.loss, logp)
+    torch.manual_seed(RNG_SEED)
     ref_loss, ref_grad = reference_loss(name, cfg=cfg, normalizer=normalizer, bypass=bypass, **to_lists(batch))
     return out.loss, grad, torch.tensor(ref_loss, dtype=torch.float64), torch.tensor(ref_grad, dtype=torch.float64)
 
@@ -63,6 +74,10 @@ def test_every_loss_matches_reference(name, scale):
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_every_aggregation_and_normalizer_matches_reference(name, agg):
     batch = make_batch(scale=0.3, seed=7)
+    if name == "luspo" and agg not in LUSPO_AGG:  # the length weighting is LUSPO: any other mode is GSPO's
+        with pytest.raises(ValueError, match="agg must be one of seq-mean-token-sum"):
+            get_loss(name).config_cls(**agg_kwargs(agg))
+        return
     cfg = get_loss(name).config_cls(**agg_kwargs(agg))
     assert_matches(name, batch, cfg)
     assert_matches(name, batch, cfg, normalizer=13.0)
@@ -106,8 +121,8 @@ def test_bypass_mode_correction_matches_reference(name, mode):
 @pytest.mark.parametrize("delta", [0.0, 0.1, 1e3])
 def test_opsm_matches_reference(name, delta):
     """OPSM on every loss, with mu recomputed and in bypass mode, sequence and token advantages."""
-    options = {"eps_low": 0.2, "eps_high": 0.3} if name == "gspo" else {}  # GSPO's own 3e-4 leaves OPSM no room
-    if name == "gspo" and math.exp(-delta) <= 1 - options["eps_low"]:
+    options = {"eps_low": 0.2, "eps_high": 0.3} if name in ("gspo", "luspo") else {}  # GSPO's own 3e-4 leaves OPSM no room
+    if name in ("gspo", "luspo") and math.exp(-delta) <= 1 - options["eps_low"]:
         with pytest.raises(ValueError, match="cannot change GSPO's update"):
             get_loss(name).config_cls(opsm_delta=delta, **options)
         return

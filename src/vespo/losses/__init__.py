@@ -21,7 +21,8 @@ applied by the learner to any loss. docs/losses.md lists every loss with its equ
 """
 
 from vespo.losses import (  # noqa: F401  (register)
-    cispo, dppo, grpo, gspo, m2po, prime_rl, reinforce, sapo, vespo, vespo_adaptive,
+    cispo, clip_cov, dppo, dro, gmpo, grpo, gspo, ipo, kl_cov, luspo, m2po, prime_rl, reinforce, sapo, topr, vespo,
+    vespo_adaptive,
 )
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import BaseLossConfig, LossOutput, sequence_log_weight
