@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from vespo.losses import AGG_MODES, get_loss, loss_names
-from vespo.losses.luspo import LUSPO_AGG
 
 from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import geo_kept, m2po_kept, reference_loss
@@ -74,10 +73,6 @@ def test_every_loss_matches_reference(name, scale):
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_every_aggregation_and_normalizer_matches_reference(name, agg):
     batch = make_batch(scale=0.3, seed=7)
-    if name == "luspo" and agg not in LUSPO_AGG:  # the length weighting is LUSPO: any other mode is GSPO's
-        with pytest.raises(ValueError, match="agg must be one of seq-mean-token-sum"):
-            get_loss(name).config_cls(**agg_kwargs(agg))
-        return
     cfg = get_loss(name).config_cls(**agg_kwargs(agg))
     assert_matches(name, batch, cfg)
     assert_matches(name, batch, cfg, normalizer=13.0)
@@ -206,3 +201,29 @@ def test_m2po_mask_is_areals_rule(tau):
         assert masked_counts == {0}
     else:  # the rule masked different numbers of tokens across these batches
         assert len(masked_counts) > 1
+
+
+MUTATIONS = {  # name -> (the options the loss runs with, the options the reference is told: one change each)
+    "luspo": ({"agg": "seq-mean-token-sum"}, {"agg": "seq-mean-token-mean"}),  # the length weighting dropped
+    "gmpo": ({}, {"eps_high": 0.1}),
+    "dro": ({}, {"beta": 0.2}),
+    "ipo": ({}, {"delta": 0.05}),
+    "topr": ({}, {"negative_weight": 0.5}),
+    "kl_cov": ({"kl_cov_ratio": 0.2}, {"kl_cov_ratio": 0.1}),
+    "clip_cov": ({"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0},
+                 {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_reference_catches_a_changed_loss(name):
+    """Mutation test: each peer loss, run with one option changed from what the reference is told, is caught, so
+    the comparisons above can fail (the changes: LUSPO without its length weighting, a tighter GMPO clip, DRO's
+    beta doubled, IPO's trust region halved, TOPR's negative weight halved, fewer KL-Cov / Clip-Cov tokens)."""
+    batch = make_batch(scale=1.0, seed=3)
+    ran, told = (get_loss(name).config_cls(**options) for options in MUTATIONS[name])
+    loss, grad, _, _ = run_both(name, batch, ran)
+    _, _, ref_loss, ref_grad = run_both(name, batch, told)
+    assert not torch.allclose(grad, ref_grad, rtol=1e-6)
+    _, _, same_loss, same_grad = run_both(name, batch, ran)
+    torch.testing.assert_close(grad, same_grad, rtol=1e-9, atol=1e-12)

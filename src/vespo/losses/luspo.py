@@ -9,8 +9,9 @@ clip, aggregated as a token sum per sequence, so a sequence of T_i tokens weighs
     L       = (1/N_seqs) sum_i sum_t m_it l_it                    agg = seq-mean-token-sum (TRL: .sum(-1).mean())
 
 d L / d logp_it = -A s_i / N_seqs where the clip is not binding: the token form's gradient, which equals TRL's
-d/dlogp_it [T_i (-A exp(log s_i))] = T_i (-A s_i / T_i). The length weighting is the method, so only
-seq-mean-token-sum (and its constant-length form seq-mean-token-sum-norm) is accepted; any other mode is GSPO.
+d/dlogp_it [T_i (-A exp(log s_i))] = T_i (-A s_i / T_i). The length weighting is the method: its default
+agg is seq-mean-token-sum (seq-mean-token-sum-norm is the same up to the constant C); with another mode the loss is
+GSPO's under that mode.
 Defaults: GSPO's eps = 3e-4 / 4e-4 (TRL's own default is 0.2, its docs point to GSPO's for sequence-level IS).
 Where it differs from TRL: TRL's mean counts rows without valid tokens; TRL takes exp(log s_i) unclamped,
 here log s_i is clamped at 10 as in GSPO (a row past it has no gradient).
@@ -22,13 +23,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from vespo.losses.aggregation import NORM_AGG
 from vespo.losses.base import LossOutput
 from vespo.losses.gspo import GspoConfig, gspo_loss
 from vespo.losses.inputs import LossInputs
 from vespo.losses.registry import LossSpec, register
-
-LUSPO_AGG = ("seq-mean-token-sum", NORM_AGG)  # the token sum per sequence is the method
 
 
 @dataclass
@@ -36,13 +34,8 @@ class LuspoConfig(GspoConfig):
     """GSPO's sequence clip with each sequence weighted by its length (token sum)."""
 
     agg: str = "seq-mean-token-sum"
-    """Aggregation mode: seq-mean-token-sum (TRL's) | seq-mean-token-sum-norm; any other mode would be GSPO."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.agg not in LUSPO_AGG:
-            raise ValueError(f"agg must be one of {', '.join(LUSPO_AGG)} for luspo (its length weighting); got "
-                             f"{self.agg!r} (that is gspo)")
+    """Aggregation mode: seq-mean-token-sum (LUSPO's, TRL's) | seq-mean-token-sum-norm | token-mean |
+    seq-mean-token-mean (the last two without the length weighting: GSPO's loss under that mode)."""
 
 
 def luspo_loss(x: LossInputs, cfg: LuspoConfig, normalizer: float | Tensor | None = None) -> LossOutput:

@@ -1,0 +1,98 @@
+"""vespo's gmpo, dro, kl_cov and clip_cov against verl 0.9.1's own policy losses (run in .venv-verl by
+test_verl_peers.py).
+
+    .venv-verl/bin/python tests/losses/verl_peer_check.py      # prints one JSON line of results
+
+verl's functions (verl/trainer/ppo/core_algos.py: geo_mean, dro, kl_cov, clip_cov) run as shipped on float64
+inputs with token-broadcast advantages [B, T], as verl passes them; vespo's run on the same batch with [B]
+advantages. Each entry is the largest |difference| of loss and gradient over seeds and log-ratio scales.
+clip_cov draws its cut tokens from torch's global generator in both: each call is preceded by the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+from vespo.losses import get_loss, prepare_inputs
+
+SCALES = (0.05, 0.3, 1.0)
+SEEDS = range(4)
+
+
+def batch(seed: int, scale: float, B: int = 8, T: int = 9):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3.0 - 0.05  # [B, T]
+    logp = old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)  # [B]
+    adv[0], adv[1] = abs(adv[0]) + 0.1, -abs(adv[1]) - 0.1
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [B, T], every row has a token (verl's mean counts all)
+    return old, logp, adv, mask
+
+
+def verl_config(**policy_loss):
+    """The attributes verl's functions read from its ActorConfig."""
+    return SimpleNamespace(clip_ratio=0.2, clip_ratio_low=policy_loss.pop("clip_ratio_low", 0.2),
+                           clip_ratio_high=policy_loss.pop("clip_ratio_high", 0.2), global_batch_info={},
+                           policy_loss=SimpleNamespace(**policy_loss))
+
+
+def run_verl(mode, old, logp, adv, mask, config, agg, seed):
+    lp = logp.clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    loss, metrics = get_policy_loss_fn(mode)(old, lp, adv[:, None].expand_as(lp).clone(), mask.double(),
+                                             loss_agg_mode=agg, config=config)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, metrics
+
+
+def run_vespo(name, old, logp, adv, mask, cfg, seed):
+    lp = logp.clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    out = get_loss(name).fn(prepare_inputs(lp, old, adv, mask), cfg)
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    return out.loss.detach(), grad, out
+
+
+CASES = {  # case -> (vespo loss, its options, verl mode, verl's config options, verl agg)
+    "gmpo": ("gmpo", {"eps_low": 0.4, "eps_high": 0.4}, "geo_mean",
+             {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, "token-mean"),
+    "gmpo_asym": ("gmpo", {"eps_low": 0.1, "eps_high": 0.3}, "geo_mean",
+                  {"clip_ratio_low": 0.1, "clip_ratio_high": 0.3}, "token-mean"),
+    "dro_token_mean": ("dro", {"beta": 0.1}, "dro", {"dro_beta": 0.1}, "token-mean"),
+    "dro_seq_mean": ("dro", {"beta": 2.0, "agg": "seq-mean-token-mean"}, "dro", {"dro_beta": 2.0},
+                     "seq-mean-token-mean"),
+    "kl_cov": ("kl_cov", {}, "kl_cov", {"kl_cov_ratio": 2e-4, "ppo_kl_coef": 0.1}, "token-mean"),
+    "kl_cov_wide": ("kl_cov", {"kl_cov_ratio": 0.2, "coef": 0.5, "agg": "seq-mean-token-sum"}, "kl_cov", {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.5},
+                    "seq-mean-token-sum"),
+    "clip_cov": ("clip_cov", {}, "clip_cov", {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
+                 "token-mean"),
+    "clip_cov_wide": ("clip_cov", {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0, "eps_high": 0.28},
+                      "clip_cov", {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0,
+                                   "clip_ratio_high": 0.28}, "token-mean"),
+}
+
+
+def main() -> None:
+    diffs, acted = {}, {}
+    for case, (name, options, mode, verl_options, agg) in CASES.items():
+        worst, selected = 0.0, 0.0
+        for seed in SEEDS:
+            for scale in SCALES:
+                old, logp, adv, mask = batch(seed, scale)
+                v_loss, v_grad, _ = run_verl(mode, old, logp, adv, mask, verl_config(**verl_options), agg, seed)
+                cfg = get_loss(name).config_cls(**options)
+                o_loss, o_grad, out = run_vespo(name, old, logp, adv, mask, cfg, seed)
+                worst = max(worst, float((v_loss - o_loss).abs()), float((v_grad - o_grad).abs().max()))
+                selected += float(out.rows.get("cov_selected", out.rows.get("clip_high", torch.zeros(1))).sum())
+        diffs[case], acted[case] = worst, selected
+    print(json.dumps({"diff": diffs, "acted": acted}))
+
+
+if __name__ == "__main__":
+    main()
