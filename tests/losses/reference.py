@@ -107,6 +107,9 @@ def _correction_weights(source, mask, rc):
         if rc.mode == "geo_mask":
             out[i] = [1.0 if geo_kept(source, mask, rc, i) else 0.0] * T
             continue
+        if rc.mode == "reject":
+            out[i] = [1.0 if kept else 0.0 for kept in reject_kept(source, mask, rc, i)]
+            continue
         log_rhos = [source.base[i][t] - source.rollout[i][t] if mask[i][t] else 0.0 for t in range(T)]
         if rc.mode.endswith("_seq"):
             log_rhos = [sum(log_rhos)] * T
@@ -131,6 +134,11 @@ def _correction_log_w(source, mask, rc, i):
         return 0.0
     if rc.mode == "geo_mask":  # a masked sequence adds log 1e-8
         return 0.0 if geo_kept(source, mask, rc, i) else LOG_W_MIN
+    if rc.mode == "reject":  # each rejected token, or a rejected sequence once, adds log 1e-8
+        kept = reject_kept(source, mask, rc, i)
+        if rc.reject_by.startswith("token"):
+            return sum(0.0 if kept[t] else LOG_W_MIN for t in range(len(kept)) if mask[i][t])
+        return 0.0 if kept[0] else LOG_W_MIN
     log_c = math.log(rc.threshold)
     log_rhos = _log_rhos(source, mask, i)
     if rc.mode.endswith("_seq"):
@@ -149,6 +157,25 @@ def _correction_log_w(source, mask, rc, i):
             x = 0.0
         total += min(max(x, LOG_W_MIN), LOG_W_MAX)
     return total
+
+
+def reject_kept(source, mask, rc, i):
+    """verl's compute_rollout_rejection_mask for one option, row i: kept per token (the row's verdict repeated for
+    a sequence option). log r = clamp(log pi_base / pi_rollout, +-20); k1 = -log r, k2 = log r^2 / 2, k3 = r - 1 - log r."""
+    level, kind = rc.reject_by.rsplit("_", 1)
+    T = len(mask[i])
+    stats = []
+    for t in range(T):
+        lr = min(max(source.base[i][t] - source.rollout[i][t], -20.0), 20.0) if mask[i][t] else 0.0
+        stats.append({"k1": -lr, "k2": 0.5 * lr * lr, "k3": math.exp(lr) - 1.0 - lr}[kind])
+    valid = [stats[t] for t in range(T) if mask[i][t]]
+    if level != "token":
+        seq = {"seq_sum": sum(valid), "seq_mean": sum(valid) / max(len(valid), 1),
+               "seq_max": max(valid) if valid else 0.0}[level]
+        stats = [seq] * T
+    if kind == "k1":
+        return [math.log(rc.reject_low) <= x <= math.log(rc.reject_high) for x in stats]
+    return [x <= rc.reject_high for x in stats]
 
 
 def geo_kept(source, mask, rc, i):

@@ -81,7 +81,10 @@ def test_every_aggregation_and_normalizer_matches_reference(name, agg):
 CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "mis_token": {"threshold": 1.5},
                "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15},
                "geo_mask_verl": {"mode": "geo_mask", "geo_low": 0.85, "geo_high": 1.15, "geo_token_clamp": 0.3},
-               "icepop": {"icepop_low": 0.8, "icepop_high": 1.4}}
+               "icepop": {"icepop_low": 0.8, "icepop_high": 1.4},
+               "reject_token_k3": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05},
+               "reject_seq_mean_k1": {"mode": "reject", "reject_by": "seq_mean_k1", "reject_low": 0.9, "reject_high": 1.2},
+               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1}}
 
 
 def correction_config(name, mode, **options):
