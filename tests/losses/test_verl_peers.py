@@ -41,3 +41,11 @@ def test_the_selections_and_clips_acted(result):
     """The comparison covers the parts that select: KL-Cov's penalized and Clip-Cov's cut tokens, GMPO's clip."""
     for case in ("gmpo", "gmpo_asym", "kl_cov", "kl_cov_wide", "clip_cov", "clip_cov_wide"):
         assert result["acted"][case] > 0, case
+
+
+def test_rejection_equals_verls_rollout_rs_on_every_option(result):
+    """mode=reject keeps exactly the tokens verl's compute_rollout_rejection_mask keeps, for each of verl's 11
+    rollout_rs options, and rejects some on every one (4 batches)."""
+    assert len(result["rejection"]) == 11
+    for option, check in result["rejection"].items():
+        assert check["mismatched"] == 0 and check["rejected"] > 0, (option, check)

@@ -91,7 +91,31 @@ def main() -> None:
                 worst = max(worst, float((v_loss - o_loss).abs()), float((v_grad - o_grad).abs().max()))
                 selected += float(out.rows.get("cov_selected", out.rows.get("clip_high", torch.zeros(1))).sum())
         diffs[case], acted[case] = worst, selected
-    print(json.dumps({"diff": diffs, "acted": acted}))
+    print(json.dumps({"diff": diffs, "acted": acted, "rejection": check_rejection()}))
+
+
+def check_rejection() -> dict:
+    """vespo's mode=reject against verl's compute_rollout_rejection_mask, one option at a time, on every one of
+    verl's 11 options: the tokens each keeps (mismatches), and how many it rejected."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    from vespo.losses.rollout_correction import REJECT_BY, RolloutCorrection, reject_keep
+
+    bounds = {"k1": ("0.8_1.25", {"reject_low": 0.8, "reject_high": 1.25}), "k2": ("0.05", {"reject_high": 0.05}),
+              "k3": ("0.05", {"reject_high": 0.05})}
+    out = {}
+    for option in REJECT_BY:
+        verl_threshold, ours = bounds[option.rsplit("_", 1)[1]]
+        mismatched, rejected = 0, 0
+        for seed in SEEDS:
+            old, logp, _, mask = batch(seed, 0.3)  # logp plays pi_old, old plays pi_rollout
+            verl_mask, _ = compute_rollout_rejection_mask(logp - old, mask.double(), option, verl_threshold)
+            keep = reject_keep(old - logp, mask.double(), RolloutCorrection(mode="reject", reject_by=option, **ours))
+            keep = keep.expand_as(mask) & mask
+            mismatched += int((keep != (verl_mask > 0)).sum())
+            rejected += int((mask & ~keep).sum())
+        out[option] = {"mismatched": mismatched, "rejected": rejected}
+    return out
 
 
 if __name__ == "__main__":
