@@ -97,7 +97,24 @@ def _log_rhos(source, mask, i):
 
 
 def _correction_weights(source, mask, rc):
-    """Multiplicative per-token weight (losses other than VESPO)."""
+    """Multiplicative per-token weight (losses other than VESPO); with batch_normalize divided by verl's batch mean
+    (over the valid tokens, or for *_seq over the rows with a valid token), left alone if that mean is <= 1e-8."""
+    out = _raw_correction_weights(source, mask, rc)
+    if out is None or not getattr(rc, "batch_normalize", False):
+        return out
+    return [[w / correction_batch_mean(out, mask, rc) for w in row] for row in out]
+
+
+def correction_batch_mean(weights, mask, rc):
+    if rc.mode.endswith("_seq"):
+        rows = [weights[i][0] for i in range(len(mask)) if any(mask[i])]
+    else:
+        rows = [weights[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    mean = sum(rows) / max(len(rows), 1)
+    return mean if mean > 1e-8 else 1.0
+
+
+def _raw_correction_weights(source, mask, rc):
     B, T = len(mask), len(mask[0]) if mask else 0
     if rc.mode == "none":
         return None
@@ -129,7 +146,16 @@ def _correction_weights(source, mask, rc):
 
 
 def _correction_log_w(source, mask, rc, i):
-    """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight."""
+    """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight; with
+    batch_normalize minus log(batch mean) per weight."""
+    total = _raw_correction_log_w(source, mask, rc, i)
+    if getattr(rc, "batch_normalize", False):
+        per = 1 if rc.mode.endswith("_seq") else sum(1 for m in mask[i] if m)
+        total -= per * math.log(correction_batch_mean(_raw_correction_weights(source, mask, rc), mask, rc))
+    return total
+
+
+def _raw_correction_log_w(source, mask, rc, i):
     if rc.mode == "none":
         return 0.0
     if rc.mode == "geo_mask":  # a masked sequence adds log 1e-8

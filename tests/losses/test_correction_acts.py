@@ -19,6 +19,7 @@ CORRECTIONS = {  # each acts on the batch below: some ratios leave the band / pa
     "geo_mask": {"rollout_correction": {"mode": "geo_mask"}},
     "geo_mask_verl": {"rollout_correction": {"mode": "geo_mask", "geo_token_clamp": 20.0}},
     "icepop": {"rollout_correction": {"mode": "icepop"}},
+    "tis_token_normalized": {"rollout_correction": {"mode": "tis_token", "threshold": 1.5, "batch_normalize": True}},
     "reject_token_k3": {"rollout_correction": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05}},
     "reject_seq_sum_k2": {"rollout_correction": {"mode": "reject", "reject_by": "seq_sum_k2", "reject_high": 0.3}},
     "opsm": {"opsm_delta": 0.05},

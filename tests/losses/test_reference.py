@@ -82,6 +82,9 @@ CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "
                "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15},
                "geo_mask_verl": {"mode": "geo_mask", "geo_low": 0.85, "geo_high": 1.15, "geo_token_clamp": 0.3},
                "icepop": {"icepop_low": 0.8, "icepop_high": 1.4},
+               "tis_token_normalized": {"mode": "tis_token", "threshold": 1.5, "batch_normalize": True},
+               "tis_seq_normalized": {"mode": "tis_seq", "threshold": 1.5, "batch_normalize": True},
+               "icepop_normalized": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4, "batch_normalize": True},
                "reject_token_k3": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05},
                "reject_seq_mean_k1": {"mode": "reject", "reject_by": "seq_mean_k1", "reject_low": 0.9, "reject_high": 1.2},
                "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1}}

@@ -49,3 +49,12 @@ def test_rejection_equals_verls_rollout_rs_on_every_option(result):
     assert len(result["rejection"]) == 11
     for option, check in result["rejection"].items():
         assert check["mismatched"] == 0 and check["rejected"] > 0, (option, check)
+
+
+def test_batch_normalized_weights_equal_verls(result):
+    """batch_normalize equals verl's rollout_is_batch_normalize for token and sequence TIS and token IcePop: the
+    weights (verl's means divide by count + 1e-8: a relative 1e-8 / T) and the factor, which is not 1."""
+    assert set(result["batch_normalize"]) == {"tis_token", "tis_seq", "icepop"}
+    for case, check in result["batch_normalize"].items():
+        assert check["diff"] < 2e-8, (case, check)
+        assert check["factor_min"] < 0.99 or check["factor_max"] > 1.01, (case, check)

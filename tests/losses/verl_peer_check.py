@@ -91,7 +91,8 @@ def main() -> None:
                 worst = max(worst, float((v_loss - o_loss).abs()), float((v_grad - o_grad).abs().max()))
                 selected += float(out.rows.get("cov_selected", out.rows.get("clip_high", torch.zeros(1))).sum())
         diffs[case], acted[case] = worst, selected
-    print(json.dumps({"diff": diffs, "acted": acted, "rejection": check_rejection()}))
+    print(json.dumps({"diff": diffs, "acted": acted, "rejection": check_rejection(),
+                      "batch_normalize": check_batch_normalize()}))
 
 
 def check_rejection() -> dict:
@@ -110,11 +111,40 @@ def check_rejection() -> dict:
         for seed in SEEDS:
             old, logp, _, mask = batch(seed, 0.3)  # logp plays pi_old, old plays pi_rollout
             verl_mask, _ = compute_rollout_rejection_mask(logp - old, mask.double(), option, verl_threshold)
-            keep = reject_keep(old - logp, mask.double(), RolloutCorrection(mode="reject", reject_by=option, **ours))
+            keep = reject_keep(torch.where(mask, old - logp, 0.0), mask.double(), RolloutCorrection(mode="reject", reject_by=option, **ours))
             keep = keep.expand_as(mask) & mask
             mismatched += int((keep != (verl_mask > 0)).sum())
             rejected += int((mask & ~keep).sum())
         out[option] = {"mismatched": mismatched, "rejected": rejected}
+    return out
+
+
+def check_batch_normalize() -> dict:
+    """rollout_correction.batch_normalize against verl's compute_rollout_correction_weights with
+    rollout_is_batch_normalize=True: token and sequence TIS (C = 2) and token IcePop ("0.5_5.0"); the largest
+    |difference| of the weights on the valid tokens, and the normalizing factor (not 1: it acted)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    from vespo.losses.rollout_correction import RolloutCorrection, batch_mean, correction_weight
+
+    cases = {"tis_token": ("token", 2.0, {"mode": "tis_token", "threshold": 2.0}),
+             "tis_seq": ("sequence", 2.0, {"mode": "tis_seq", "threshold": 2.0}),
+             "icepop": ("token", "0.5_5.0", {"mode": "icepop"})}
+    out = {}
+    for case, (level, threshold, ours) in cases.items():
+        worst, factors = 0.0, []
+        for seed in SEEDS:
+            old, logp, _, mask = batch(seed, 0.3 if level == "token" else 0.1)  # logp: pi_old, old: pi_rollout
+            theirs, metrics = compute_rollout_correction_weights(logp - old, mask.double(), level, threshold, True)
+            mask_f = mask.double()
+            d = torch.where(mask, old - logp, 0.0)  # rollout_d as prepare_inputs gives it: 0 on padding
+            cfg = RolloutCorrection(**ours, batch_normalize=True)
+            mine = correction_weight(d, mask_f, cfg).expand_as(mask_f)
+            worst = max(worst, float(((mine - theirs) * mask_f).abs().max()))
+            plain = correction_weight(d, mask_f, RolloutCorrection(**ours))
+            factors.append(float(batch_mean(plain, mask_f)))
+            worst = max(worst, abs(factors[-1] - metrics["rollout_is_batch_norm_factor"]))
+        out[case] = {"diff": worst, "factor_min": min(factors), "factor_max": max(factors)}
     return out
 
 

@@ -66,6 +66,13 @@ BYPASS_TRUNCATION = (
     "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, icepop), "
     "or loss reinforce with is_level=none (verl's bypass REINFORCE)"
 )
+BYPASS_BATCH_NORMALIZE = (
+    "rollout_correction.batch_normalize cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
+    "verl's bypass mode) on a loss with its own ratio: only the rejection part of the weight applies there, and a "
+    "0/1 rejection is not an importance weight to normalize; use staleness.behavior=recompute, or loss reinforce "
+    "with is_level=none"
+)
+NORMALIZABLE: tuple[str, ...] = ("tis_token", "tis_seq", "mis_token", "mis_seq", "icepop")  # importance weights
 BYPASS_ICEPOP = (
     "rollout_correction.mode=icepop cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
     "verl's bypass mode) on a loss with its own ratio: IcePop is an importance weight of pi_old / pi_rollout, and "
@@ -96,6 +103,10 @@ class RolloutCorrection:
     """icepop: lower bound alpha of a kept token's ratio (verl's presets: 0.5); > 0."""
     icepop_high: float = 5.0
     """icepop: upper bound beta of a kept token's ratio (verl's presets: 5.0); >= icepop_low."""
+    batch_normalize: bool = False
+    """Divide the weights by their mean over the call: over its valid tokens for token modes, over its rows for
+    *_seq (verl's rollout_is_batch_normalize). Importance-weight modes only (tis_*, mis_*, icepop); refused with
+    mu = the engine's log-probs on a loss with its own ratio (only a rejection applies there)."""
     reject_by: str | None = None
     """reject: the divergence that rejects, verl's rollout_rs option: token_k1|k2|k3, seq_sum_k1|k2|k3,
     seq_mean_k1|k2|k3, seq_max_k2|k3 (k1 = log(pi_rollout / pi), k2 = (log r)^2 / 2, k3 = r - 1 - log r of
@@ -127,6 +138,11 @@ class RolloutCorrection:
             raise ValueError("rollout_correction.icepop_high must be a finite number >= icepop_low; "
                              f"got {self.icepop_high!r}")
         self._check_reject()
+        if not isinstance(self.batch_normalize, bool):
+            raise ValueError(f"rollout_correction.batch_normalize must be true or false; got {self.batch_normalize!r}")
+        if self.batch_normalize and self.mode not in NORMALIZABLE:
+            raise ValueError(f"rollout_correction.batch_normalize applies to importance weights ({', '.join(NORMALIZABLE)})"
+                             f"; mode={self.mode!r} has none to normalize")
 
     def _check_reject(self) -> None:
         options = {"reject_by": self.reject_by, "reject_high": self.reject_high, "reject_low": self.reject_low}
@@ -162,7 +178,30 @@ def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorr
     ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding
     then gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection
     part alone (bypass mode, module docstring); tis_* then raises (:data:`BYPASS_TRUNCATION`).
+    With ``cfg.batch_normalize`` the weights are divided by their mean over the call (:func:`batch_mean`).
     """
+    weight = _weight(rollout_d, mask_f, cfg, rejection_only)
+    if weight is None or not cfg.batch_normalize:
+        return weight
+    if rejection_only:
+        raise ValueError(BYPASS_BATCH_NORMALIZE)
+    return weight / batch_mean(weight, mask_f)
+
+
+@torch.no_grad()
+def batch_mean(weight: Tensor, mask_f: Tensor) -> Tensor:
+    """verl's rollout_is_batch_normalize factor: the mean weight over the valid tokens ([B, T] weights) or over the
+    rows with a valid token ([B, 1] weights); 1 where that mean is <= 1e-8 (verl leaves the weights then).  # []"""
+    if weight.shape[-1] == 1 and mask_f.shape[-1] != 1:
+        valid = (mask_f.sum(dim=-1, keepdim=True) > 0).to(weight.dtype)  # [B, 1]
+    else:
+        valid = mask_f
+    mean = (weight * valid).sum() / valid.sum().clamp(min=1.0)
+    return torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+
+
+def _weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, rejection_only: bool) -> Tensor | None:
+    """correction_weight before batch normalization."""
     if cfg.mode == "geo_mask":
         return geo_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
     if cfg.mode == "reject":
@@ -185,7 +224,8 @@ def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorr
 
 def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
                           rejection_only: bool = False) -> Tensor | None:
-    """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W.
+    """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W; with
+    ``cfg.batch_normalize``, minus the log of :func:`batch_mean` per weight (per token, or once per sequence).
 
     Shapes and ``rejection_only`` as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
     """
@@ -200,18 +240,23 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
         if rejection_only:
             raise ValueError(BYPASS_ICEPOP)
         log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        return torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX) * mask_f
-    log_rho = _log_rho(rollout_d, cfg, rejection_only)
-    if log_rho is None:
-        return None
-    log_c = math.log(cfg.threshold)
-    if cfg.mode.startswith("tis"):
-        log_w = log_rho.clamp(max=log_c)
+        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
     else:
-        kept = torch.zeros_like(log_rho) if rejection_only else log_rho
-        log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
-    log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
-    if cfg.mode.endswith("_token"):
+        log_rho = _log_rho(rollout_d, cfg, rejection_only)
+        if log_rho is None:
+            return None
+        log_c = math.log(cfg.threshold)
+        if cfg.mode.startswith("tis"):
+            log_w = log_rho.clamp(max=log_c)
+        else:
+            kept = torch.zeros_like(log_rho) if rejection_only else log_rho
+            log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
+        log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
+    if cfg.batch_normalize:
+        if rejection_only:
+            raise ValueError(BYPASS_BATCH_NORMALIZE)
+        log_w = log_w - batch_mean(_weight(rollout_d, mask_f, cfg, False), mask_f).log()
+    if log_w.shape[-1] != 1 or mask_f.shape[-1] == 1:  # token modes: padding gets 0
         log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
     return log_w
 
