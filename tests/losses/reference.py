@@ -187,7 +187,8 @@ def _raw_correction_log_w(source, mask, rc, i):
 
 def reject_kept(source, mask, rc, i):
     """verl's compute_rollout_rejection_mask for one option, row i: kept per token (the row's verdict repeated for
-    a sequence option). log r = clamp(log pi_base / pi_rollout, +-20); k1 = -log r, k2 = log r^2 / 2, k3 = r - 1 - log r."""
+    a sequence option). log r = clamp(log pi_base / pi_rollout, +-20); k1 = -log r, k2 = log r^2 / 2,
+    k3 = r - 1 - log r."""
     level, kind = rc.reject_by.rsplit("_", 1)
     T = len(mask[i])
     stats = []

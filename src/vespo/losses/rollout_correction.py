@@ -141,8 +141,8 @@ class RolloutCorrection:
         if not isinstance(self.batch_normalize, bool):
             raise ValueError(f"rollout_correction.batch_normalize must be true or false; got {self.batch_normalize!r}")
         if self.batch_normalize and self.mode not in NORMALIZABLE:
-            raise ValueError(f"rollout_correction.batch_normalize applies to importance weights ({', '.join(NORMALIZABLE)})"
-                             f"; mode={self.mode!r} has none to normalize")
+            raise ValueError("rollout_correction.batch_normalize applies to importance weights "
+                             f"({', '.join(NORMALIZABLE)}); mode={self.mode!r} has none to normalize")
 
     def _check_reject(self) -> None:
         options = {"reject_by": self.reject_by, "reject_high": self.reject_high, "reject_low": self.reject_low}
@@ -152,7 +152,8 @@ class RolloutCorrection:
                 raise ValueError(f"rollout_correction.{given[0]} applies to mode=reject only; got mode={self.mode!r}")
             return
         if self.reject_by not in REJECT_BY:
-            raise ValueError(f"rollout_correction.reject_by must be one of {', '.join(REJECT_BY)}; got {self.reject_by!r}")
+            raise ValueError(f"rollout_correction.reject_by must be one of {', '.join(REJECT_BY)}; "
+                             f"got {self.reject_by!r}")
         if not (_real(self.reject_high) and self.reject_high > 0):
             raise ValueError(f"rollout_correction.reject_high must be a finite number > 0; got {self.reject_high!r}")
         if not self.reject_by.endswith("k1"):
