@@ -388,10 +388,25 @@ def vespo_log_w(logp, old, mask, cfg, rollout, i):
     """The log W_i VESPO's kernel uses: token clamp, rollout correction, length norm, final clamp."""
     row = logp[i]
     n = sum(1 for m in mask[i] if m)
+    if getattr(cfg, "nomu_group", None):
+        old = nomu_old_logp(logp, mask, cfg.nomu_group)
     log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
     log_w += _correction_log_w(rollout, mask, cfg.rollout_correction, i)
     log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
     return min(max(log_w, LOG_W_MIN), LOG_W_MAX)
+
+
+def nomu_old_logp(logp, mask, group):
+    """The authors' _compute_nomu_group_mean: each row's mean token log pi (0 for an empty row), averaged over its
+    group of ``group`` consecutive rows, spread over the row's tokens as old_logp = group mean / T_i."""
+    lengths = [max(sum(1 for m in row if m), 1) for row in mask]
+    seq_mean = [sum(lp for lp, m in zip(logp[i], mask[i]) if m) / lengths[i] for i in range(len(logp))]
+    out = []
+    for i in range(len(logp)):
+        start = i - i % group
+        g = sum(seq_mean[start:start + group]) / group
+        out.append([g / lengths[i]] * len(logp[i]))
+    return out
 
 
 def vespo_phi(log_w, A, cfg):

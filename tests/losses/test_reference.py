@@ -28,7 +28,8 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
              {"divergence": "kl", "delta_low": 0.01, "delta_high": 0.2, "ratio_cap": 1.5}],
     "m2po": [{}, {"m2_threshold": 0.5}, {"m2_threshold": 5.0}],
     "prime_rl": [{}, {"delta_low": 0.05, "delta_high": 0.3, "kl_tau": 0.1}],
-    "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
+    "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0},
+              {"nomu_group": 2}, {"nomu_group": 3, "length_norm": "sqrt"}],
     "luspo": [{}, {"eps_low": 0.2, "eps_high": 0.3}],
     "gmpo": [{}, {"eps_low": 0.1, "eps_high": 0.3}],
     "dro": [{}, {"beta": 2.0}],
@@ -233,3 +234,22 @@ def test_reference_catches_a_changed_loss(name):
     assert not torch.allclose(grad, ref_grad, rtol=1e-6)
     _, _, same_loss, same_grad = run_both(name, batch, ran)
     torch.testing.assert_close(grad, same_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_nomu_ignores_the_behaviour_policy_and_is_caught_when_changed():
+    """NoMu's W depends on pi alone: any old_logp gives the same update (and the reference agrees); a different
+    group size is caught by the reference (mutation); a call without whole groups is refused."""
+    batch = make_batch(scale=0.5, seed=4)
+    cfg = get_loss("vespo").config_cls(nomu_group=2)
+    loss, grad, ref_loss, ref_grad = run_both("vespo", batch, cfg)
+    other = {**batch, "old_logp": batch["old_logp"] - 3.0}
+    loss2, grad2, _, _ = run_both("vespo", other, cfg)
+    torch.testing.assert_close(grad2, grad, rtol=1e-12, atol=1e-15)
+    _, _, _, ref_grad3 = run_both("vespo", batch, get_loss("vespo").config_cls(nomu_group=3))
+    assert not torch.allclose(grad, ref_grad3, rtol=1e-6)
+    _, plain, _, _ = run_both("vespo", batch, get_loss("vespo").config_cls())
+    assert not torch.allclose(grad, plain, rtol=1e-6)  # it acts
+    with pytest.raises(ValueError, match="nomu_group=4 needs whole groups"):
+        run_both("vespo", batch, get_loss("vespo").config_cls(nomu_group=4))  # 6 rows
+    with pytest.raises(ValueError, match="nomu_group must be None or an integer >= 2"):
+        get_loss("vespo").config_cls(nomu_group=1)
