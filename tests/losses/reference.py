@@ -21,7 +21,8 @@ LOG_W_MIN, LOG_W_MAX = math.log(1e-8), 20.0  # official clamp of VESPO's log W
 LOG_S_MAX = 10.0  # GSPO's token-form log ratio is clamped at 10
 
 
-def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False):
+def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False,
+                   lag=None):
     """(loss, grad[B][T]) of loss ``name`` under config ``cfg`` (read as plain attributes).
 
     ``bypass``: old_logp is the engine's log-probs, so the rollout correction's ratio is pi_theta / pi_rollout
@@ -33,7 +34,7 @@ def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None,
     weight = _agg_weights(mask, cfg.agg, normalizer, getattr(cfg, "norm_length", None))
     own_ratio = not (name == "reinforce" and cfg.is_level == "none")
     source = SimpleNamespace(base=logp if bypass else old_logp, rollout=old_logp if bypass else rollout_logp,
-                             rejection_only=bypass and own_ratio)
+                             rejection_only=bypass and own_ratio, lag=lag)
     rc = cfg.rollout_correction
     corr = _correction_weights(source, mask, rc) if not name.startswith("vespo") else None
     keep = _opsm_keep(logp, old_logp, adv, mask, getattr(cfg, "opsm_delta", None))
@@ -620,6 +621,34 @@ def _clip_cov(logp, old, adv, mask, cfg, rollout):
              for t, lp in enumerate(row)] for i, row in enumerate(logp)]
 
 
+def _decoupled_ppo(logp, old, adv, mask, cfg, rollout):
+    """AReaL's ppo_actor_loss_fn with compute_prox_logp_approximations' loglinear pi_prox: alpha = L / (L + 1),
+    log pi_prox = old + alpha (logp - old) (detached), PPO-clip on r = exp(logp - log pi_prox) (d r / d logp = r),
+    times the behaviour weight w = pi_prox / old when behave is mask (0 outside the bounds) or clamp."""
+    out = []
+    for i, row in enumerate(logp):
+        L = 0.0 if rollout.lag is None else float(rollout.lag[i])
+        a = L / (L + 1.0)
+        cells = []
+        for t, lp in enumerate(row):
+            A, d = adv[i][t], lp - old[i][t]
+            lr = (1.0 - a) * d
+            r = math.exp(min(max(lr, -TOKEN_CLAMP), TOKEN_CLAMP))
+            value, dv = _ppo(r, r if abs(lr) <= TOKEN_CLAMP else 0.0, A, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high,
+                             cfg.dual_clip_c)
+            if cfg.behave != "none":
+                w = math.exp(min(max(a * d, -TOKEN_CLAMP), TOKEN_CLAMP))
+                low = cfg.behave_low
+                if cfg.behave == "mask":
+                    b = w if w <= cfg.behave_high and (low is None or w >= low) else 0.0
+                else:
+                    b = min(max(w, 0.0 if low is None else low), cfg.behave_high)
+                value, dv = value * b, dv * b
+            cells.append((value, dv))
+        out.append(cells)
+    return out
+
+
 TOKEN_FNS = {
     "reinforce": _reinforce,
     "grpo": _grpo,
@@ -638,4 +667,5 @@ TOKEN_FNS = {
     "topr": _topr,
     "kl_cov": _kl_cov,
     "clip_cov": _clip_cov,
+    "decoupled_ppo": _decoupled_ppo,
 }

@@ -36,6 +36,18 @@ def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no
              "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
 
 
+def test_decoupled_ppo_reads_each_rows_lag_in_a_real_run(make_cfg):
+    """decoupled_ppo's pi_prox interpolates by each row's lag, which the learner passes: its second update (lag 1)
+    differs from PPO on pi / mu (GRPO without the dual clip, what it is at lag 0) on the same samples."""
+    steps = {}
+    for name, loss in (("decoupled", ("loss.name=decoupled_ppo",)),
+                       ("ppo", ("loss.name=grpo", "loss.options={dual_clip_c: null}"))):
+        with sync_loop(make_cfg(*SIGNAL, "staleness.n=2", "staleness.behavior=rollout", *loss, out=name)) as loop:
+            steps[name] = rollout_step(loop)
+    assert steps["decoupled"]["reward/mean"] == steps["ppo"]["reward/mean"]  # the same samples
+    assert steps["decoupled"]["optim/grad_norm"] != steps["ppo"]["optim/grad_norm"]
+
+
 def test_icepop_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio(make_cfg):
     """IcePop weighs by pi_old / pi_rollout; with mu = the engine's log-probs there is no pi_old (verl's bypass
     PPO-clip drops IcePop: plain PPO), so a loss with its own ratio refuses it; verl's bypass REINFORCE keeps it."""

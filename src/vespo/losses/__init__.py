@@ -22,14 +22,15 @@ applied by the learner to any loss. docs/losses.md lists every loss with its equ
 """
 
 from vespo.losses import (  # noqa: F401  (register)
-    cispo, clip_cov, dppo, dro, gmpo, grpo, gspo, ipo, kl_cov, luspo, m2po, prime_rl, reinforce, sapo, topr, vespo,
-    vespo_adaptive,
+    cispo, clip_cov, decoupled_ppo, dppo, dro, gmpo, grpo, gspo, ipo, kl_cov, luspo, m2po, prime_rl, reinforce, sapo,
+    topr, vespo, vespo_adaptive,
 )
 from vespo.losses.aggregation import AGG_MODES, aggregate
 from vespo.losses.base import BaseLossConfig, LossOutput, sequence_log_weight
 from vespo.losses.cispo import CispoConfig, cispo_loss
 from vespo.losses.clip_cov import ClipCovConfig, clip_cov_loss
 from vespo.losses.diagnostics import Rows, concat_rows, summarize
+from vespo.losses.decoupled_ppo import DecoupledPpoConfig, decoupled_ppo_loss
 from vespo.losses.dppo import DppoConfig, dppo_loss
 from vespo.losses.dro import DroConfig, dro_loss
 from vespo.losses.gmpo import GmpoConfig, gmpo_loss
@@ -56,6 +57,7 @@ __all__ = [
     "ROLLOUT_CORRECTION_MODES",
     "CispoConfig",
     "ClipCovConfig",
+    "DecoupledPpoConfig",
     "DppoConfig",
     "DroConfig",
     "GmpoConfig",
@@ -80,6 +82,7 @@ __all__ = [
     "cispo_loss",
     "clip_cov_loss",
     "concat_rows",
+    "decoupled_ppo_loss",
     "dppo_loss",
     "dro_loss",
     "ess_step_scale",
