@@ -61,8 +61,9 @@ def test_matches_float64_reference_with_verl_aggregation(result):
 
 
 def test_matches_vespo_losses_directly(result):
-    assert set(result["vespo_diff"]) == {"cispo", "dppo", "grpo", "gspo", "m2po", "prime_rl", "reinforce", "sapo", "vespo",
-                                         "vespo_adaptive"}
+    assert set(result["vespo_diff"]) == {"cispo", "clip_cov", "decoupled_ppo", "dppo", "dro", "gmpo", "grpo", "gspo",
+                                         "ipo", "kl_cov", "luspo", "m2po", "prime_rl", "reinforce", "sapo", "topr",
+                                         "vespo", "vespo_adaptive"}
     assert max(result["vespo_diff"].values()) < 1e-12
 
 

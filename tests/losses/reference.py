@@ -21,7 +21,8 @@ LOG_W_MIN, LOG_W_MAX = math.log(1e-8), 20.0  # official clamp of VESPO's log W
 LOG_S_MAX = 10.0  # GSPO's token-form log ratio is clamped at 10
 
 
-def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False):
+def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None, rollout_logp=None, bypass=False,
+                   lag=None):
     """(loss, grad[B][T]) of loss ``name`` under config ``cfg`` (read as plain attributes).
 
     ``bypass``: old_logp is the engine's log-probs, so the rollout correction's ratio is pi_theta / pi_rollout
@@ -33,7 +34,7 @@ def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None,
     weight = _agg_weights(mask, cfg.agg, normalizer, getattr(cfg, "norm_length", None))
     own_ratio = not (name == "reinforce" and cfg.is_level == "none")
     source = SimpleNamespace(base=logp if bypass else old_logp, rollout=old_logp if bypass else rollout_logp,
-                             rejection_only=bypass and own_ratio)
+                             rejection_only=bypass and own_ratio, lag=lag)
     rc = cfg.rollout_correction
     corr = _correction_weights(source, mask, rc) if not name.startswith("vespo") else None
     keep = _opsm_keep(logp, old_logp, adv, mask, getattr(cfg, "opsm_delta", None))
@@ -97,7 +98,24 @@ def _log_rhos(source, mask, i):
 
 
 def _correction_weights(source, mask, rc):
-    """Multiplicative per-token weight (losses other than VESPO)."""
+    """Multiplicative per-token weight (losses other than VESPO); with batch_normalize divided by verl's batch mean
+    (over the valid tokens, or for *_seq over the rows with a valid token), left alone if that mean is <= 1e-8."""
+    out = _raw_correction_weights(source, mask, rc)
+    if out is None or not getattr(rc, "batch_normalize", False):
+        return out
+    return [[w / correction_batch_mean(out, mask, rc) for w in row] for row in out]
+
+
+def correction_batch_mean(weights, mask, rc):
+    if rc.mode.endswith("_seq"):
+        rows = [weights[i][0] for i in range(len(mask)) if any(mask[i])]
+    else:
+        rows = [weights[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    mean = sum(rows) / max(len(rows), 1)
+    return mean if mean > 1e-8 else 1.0
+
+
+def _raw_correction_weights(source, mask, rc):
     B, T = len(mask), len(mask[0]) if mask else 0
     if rc.mode == "none":
         return None
@@ -106,6 +124,9 @@ def _correction_weights(source, mask, rc):
     for i in range(B):
         if rc.mode == "geo_mask":
             out[i] = [1.0 if geo_kept(source, mask, rc, i) else 0.0] * T
+            continue
+        if rc.mode == "reject":
+            out[i] = [1.0 if kept else 0.0 for kept in reject_kept(source, mask, rc, i)]
             continue
         log_rhos = [source.base[i][t] - source.rollout[i][t] if mask[i][t] else 0.0 for t in range(T)]
         if rc.mode.endswith("_seq"):
@@ -126,11 +147,25 @@ def _correction_weights(source, mask, rc):
 
 
 def _correction_log_w(source, mask, rc, i):
-    """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight."""
+    """The term VESPO adds to log W_i: sum over tokens (or the sequence) of a clamped log weight; with
+    batch_normalize minus log(batch mean) per weight."""
+    total = _raw_correction_log_w(source, mask, rc, i)
+    if getattr(rc, "batch_normalize", False):
+        per = 1 if rc.mode.endswith("_seq") else sum(1 for m in mask[i] if m)
+        total -= per * math.log(correction_batch_mean(_raw_correction_weights(source, mask, rc), mask, rc))
+    return total
+
+
+def _raw_correction_log_w(source, mask, rc, i):
     if rc.mode == "none":
         return 0.0
     if rc.mode == "geo_mask":  # a masked sequence adds log 1e-8
         return 0.0 if geo_kept(source, mask, rc, i) else LOG_W_MIN
+    if rc.mode == "reject":  # each rejected token, or a rejected sequence once, adds log 1e-8
+        kept = reject_kept(source, mask, rc, i)
+        if rc.reject_by.startswith("token"):
+            return sum(0.0 if kept[t] else LOG_W_MIN for t in range(len(kept)) if mask[i][t])
+        return 0.0 if kept[0] else LOG_W_MIN
     log_c = math.log(rc.threshold)
     log_rhos = _log_rhos(source, mask, i)
     if rc.mode.endswith("_seq"):
@@ -149,6 +184,26 @@ def _correction_log_w(source, mask, rc, i):
             x = 0.0
         total += min(max(x, LOG_W_MIN), LOG_W_MAX)
     return total
+
+
+def reject_kept(source, mask, rc, i):
+    """verl's compute_rollout_rejection_mask for one option, row i: kept per token (the row's verdict repeated for
+    a sequence option). log r = clamp(log pi_base / pi_rollout, +-20); k1 = -log r, k2 = log r^2 / 2,
+    k3 = r - 1 - log r."""
+    level, kind = rc.reject_by.rsplit("_", 1)
+    T = len(mask[i])
+    stats = []
+    for t in range(T):
+        lr = min(max(source.base[i][t] - source.rollout[i][t], -20.0), 20.0) if mask[i][t] else 0.0
+        stats.append({"k1": -lr, "k2": 0.5 * lr * lr, "k3": math.exp(lr) - 1.0 - lr}[kind])
+    valid = [stats[t] for t in range(T) if mask[i][t]]
+    if level != "token":
+        seq = {"seq_sum": sum(valid), "seq_mean": sum(valid) / max(len(valid), 1),
+               "seq_max": max(valid) if valid else 0.0}[level]
+        stats = [seq] * T
+    if kind == "k1":
+        return [math.log(rc.reject_low) <= x <= math.log(rc.reject_high) for x in stats]
+    return [x <= rc.reject_high for x in stats]
 
 
 def geo_kept(source, mask, rc, i):
@@ -334,10 +389,25 @@ def vespo_log_w(logp, old, mask, cfg, rollout, i):
     """The log W_i VESPO's kernel uses: token clamp, rollout correction, length norm, final clamp."""
     row = logp[i]
     n = sum(1 for m in mask[i] if m)
+    if getattr(cfg, "nomu_group", None):
+        old = nomu_old_logp(logp, mask, cfg.nomu_group)
     log_w = sum(min(max(row[t] - old[i][t], -TOKEN_CLAMP), TOKEN_CLAMP) for t in range(len(row)) if mask[i][t])
     log_w += _correction_log_w(rollout, mask, cfg.rollout_correction, i)
     log_w /= {"none": 1.0, "sqrt": math.sqrt(max(n, 1)), "linear": float(max(n, 1))}[cfg.length_norm]
     return min(max(log_w, LOG_W_MIN), LOG_W_MAX)
+
+
+def nomu_old_logp(logp, mask, group):
+    """The authors' _compute_nomu_group_mean: each row's mean token log pi (0 for an empty row), averaged over its
+    group of ``group`` consecutive rows, spread over the row's tokens as old_logp = group mean / T_i."""
+    lengths = [max(sum(1 for m in row if m), 1) for row in mask]
+    seq_mean = [sum(lp for lp, m in zip(logp[i], mask[i]) if m) / lengths[i] for i in range(len(logp))]
+    out = []
+    for i in range(len(logp)):
+        start = i - i % group
+        g = sum(seq_mean[start:start + group]) / group
+        out.append([g / lengths[i]] * len(logp[i]))
+    return out
 
 
 def vespo_phi(log_w, A, cfg):
@@ -431,6 +501,154 @@ def bisect(g, lo, hi, iterations=200):
     return (lo + hi) / 2
 
 
+# ---- the peers' newer losses (each docstring: the peer's file it follows) --------------------------------
+
+
+def _dro(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_dro: -(A logp - beta/2 (log r)^2); d/dlogp = -A + beta log r."""
+    return [[(-(adv[i][t] * lp - 0.5 * cfg.beta * (lp - old[i][t]) ** 2), -adv[i][t] + cfg.beta * (lp - old[i][t]))
+             for t, lp in enumerate(row)] for i, row in enumerate(logp)]
+
+
+def _ipo(logp, old, adv, mask, cfg, rollout):
+    """prime-rl's ipo_loss_fn: -keep A r + tau (log r)^2, keep = |pi - mu| <= delta (and |log r| <= 20)."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A, log_r = adv[i][t], lp - old[i][t]
+            outside = abs(math.exp(lp) - math.exp(old[i][t])) > cfg.delta
+            pg = -A * math.exp(log_r) if not outside and abs(log_r) <= TOKEN_CLAMP else 0.0
+            cells.append((pg + cfg.kl_tau * log_r**2, pg + 2.0 * cfg.kl_tau * log_r))
+        out.append(cells)
+    return out
+
+
+def _topr(logp, old, adv, mask, cfg, rollout):
+    """ROLL's _compute_topr_loss with the split by A's sign: w = w_pos (A > 0), w_neg min(r, 1) (A <= 0)."""
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A = adv[i][t]
+            w = cfg.positive_weight if A > 0 else cfg.negative_weight * min(_ratio(lp, old[i][t])[0], 1.0)
+            cells.append((-w * A * lp, -w * A))
+        out.append(cells)
+    return out
+
+
+def _gmpo(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_geo_mean: -A_i exp(mean_t c_t), c_t the log-ratio clipped by A_t's sign, A_i the
+    token mean of A. Token form: each token carries the row's value and d/dlogp_t = -A_i rho_i c'_t."""
+    out = []
+    for i, row in enumerate(logp):
+        valid = [t for t in range(len(row)) if mask[i][t]]
+        n = max(len(valid), 1)
+        mean_adv = sum(adv[i][t] for t in valid) / n
+        clipped, slope = {}, {}
+        for t in valid:
+            d, A = row[t] - old[i][t], adv[i][t]
+            dc = min(max(d, -TOKEN_CLAMP), TOKEN_CLAMP)
+            inside = abs(d) < TOKEN_CLAMP
+            if A > 0:
+                clipped[t], slope[t] = min(dc, cfg.eps_high), 1.0 if inside and dc < cfg.eps_high else 0.0
+            elif A < 0:
+                clipped[t], slope[t] = max(dc, -cfg.eps_low), 1.0 if inside and dc > -cfg.eps_low else 0.0
+            else:
+                clipped[t], slope[t] = 0.0, 0.0
+        rho = math.exp(sum(clipped.values()) / n)
+        out.append([(-mean_adv * rho, -mean_adv * rho * slope.get(t, 0.0)) for t in range(len(row))])
+    return out
+
+
+def _covariances(logp, adv, mask):
+    """[(cov_j, (i, t))] over the valid tokens in row-major order: (A_j - mean A)(logp_j - mean logp)."""
+    tokens = [(i, t) for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+    n = max(len(tokens), 1)
+    a_mean = sum(adv[i][t] for i, t in tokens) / n
+    lp_mean = sum(logp[i][t] for i, t in tokens) / n
+    return [((adv[i][t] - a_mean) * (logp[i][t] - lp_mean), (i, t)) for i, t in tokens]
+
+
+def kl_cov_selected(logp, adv, mask, ratio):
+    """verl's kl_cov selection: the max(1, floor(N ratio)) tokens of largest covariance."""
+    covs = _covariances(logp, adv, mask)
+    k = max(1, int(len(covs) * ratio)) if covs else 0
+    return {it for _, it in sorted(covs, key=lambda c: -c[0])[:k]}
+
+
+def _kl_cov(logp, old, adv, mask, cfg, rollout):
+    """verl's compute_policy_loss_kl_cov: -A r, plus coef |log r| on the selected tokens."""
+    chosen = kl_cov_selected(logp, adv, mask, cfg.kl_cov_ratio)
+    out = []
+    for i, row in enumerate(logp):
+        cells = []
+        for t, lp in enumerate(row):
+            A, log_r = adv[i][t], lp - old[i][t]
+            r, dr = _ratio(lp, old[i][t])
+            value, d = -A * r, -A * dr
+            if (i, t) in chosen:
+                value += cfg.coef * abs(log_r)
+                d += cfg.coef * (1.0 if log_r > 0 else -1.0 if log_r < 0 else 0.0)
+            cells.append((value, d))
+        out.append(cells)
+    return out
+
+
+def clip_cov_cut(logp, old, adv, mask, cfg):
+    """verl's clip_cov draw: candidates (unclipped, lb < cov < ub) in row-major order, permuted by
+    torch.randperm from the global generator, the first max(1, floor(N ratio)) of them."""
+    import torch
+
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    candidates = []
+    for cov, (i, t) in _covariances(logp, adv, mask):
+        r, A = _ratio(logp[i][t], old[i][t])[0], adv[i][t]
+        clipped = -A * min(max(r, lo), hi) > -A * r
+        if not clipped and cfg.clip_cov_lb < cov < cfg.clip_cov_ub:
+            candidates.append((i, t))
+    n_valid = sum(1 for row in mask for m in row if m)
+    count = max(int(cfg.clip_cov_ratio * n_valid), 1)
+    if not candidates:
+        return set()
+    return {candidates[j] for j in torch.randperm(len(candidates)).tolist()[:count]}
+
+
+def _clip_cov(logp, old, adv, mask, cfg, rollout):
+    cut = clip_cov_cut(logp, old, adv, mask, cfg)
+    lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    return [[(0.0, 0.0) if (i, t) in cut else _ppo(*_ratio(lp, old[i][t]), adv[i][t], lo, hi, None)
+             for t, lp in enumerate(row)] for i, row in enumerate(logp)]
+
+
+def _decoupled_ppo(logp, old, adv, mask, cfg, rollout):
+    """AReaL's ppo_actor_loss_fn with compute_prox_logp_approximations' loglinear pi_prox: alpha = L / (L + 1),
+    log pi_prox = old + alpha (logp - old) (detached), PPO-clip on r = exp(logp - log pi_prox) (d r / d logp = r),
+    times the behaviour weight w = pi_prox / old when behave is mask (0 outside the bounds) or clamp."""
+    out = []
+    for i, row in enumerate(logp):
+        L = 0.0 if rollout.lag is None else float(rollout.lag[i])
+        a = L / (L + 1.0)
+        cells = []
+        for t, lp in enumerate(row):
+            A, d = adv[i][t], lp - old[i][t]
+            lr = (1.0 - a) * d
+            r = math.exp(min(max(lr, -TOKEN_CLAMP), TOKEN_CLAMP))
+            value, dv = _ppo(r, r if abs(lr) <= TOKEN_CLAMP else 0.0, A, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high,
+                             cfg.dual_clip_c)
+            if cfg.behave != "none":
+                w = math.exp(min(max(a * d, -TOKEN_CLAMP), TOKEN_CLAMP))
+                low = cfg.behave_low
+                if cfg.behave == "mask":
+                    b = w if w <= cfg.behave_high and (low is None or w >= low) else 0.0
+                else:
+                    b = min(max(w, 0.0 if low is None else low), cfg.behave_high)
+                value, dv = value * b, dv * b
+            cells.append((value, dv))
+        out.append(cells)
+    return out
+
+
 TOKEN_FNS = {
     "reinforce": _reinforce,
     "grpo": _grpo,
@@ -442,4 +660,12 @@ TOKEN_FNS = {
     "prime_rl": _prime_rl,
     "vespo": _vespo,
     "vespo_adaptive": _vespo_adaptive,
+    "luspo": _gspo,  # GSPO's token form; the length weighting is the aggregation (seq-mean-token-sum)
+    "gmpo": _gmpo,
+    "dro": _dro,
+    "ipo": _ipo,
+    "topr": _topr,
+    "kl_cov": _kl_cov,
+    "clip_cov": _clip_cov,
+    "decoupled_ppo": _decoupled_ppo,
 }

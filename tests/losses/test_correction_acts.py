@@ -19,6 +19,9 @@ CORRECTIONS = {  # each acts on the batch below: some ratios leave the band / pa
     "geo_mask": {"rollout_correction": {"mode": "geo_mask"}},
     "geo_mask_verl": {"rollout_correction": {"mode": "geo_mask", "geo_token_clamp": 20.0}},
     "icepop": {"rollout_correction": {"mode": "icepop"}},
+    "tis_token_normalized": {"rollout_correction": {"mode": "tis_token", "threshold": 1.5, "batch_normalize": True}},
+    "reject_token_k3": {"rollout_correction": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05}},
+    "reject_seq_sum_k2": {"rollout_correction": {"mode": "reject", "reject_by": "seq_sum_k2", "reject_high": 0.3}},
     "opsm": {"opsm_delta": 0.05},
 }
 SHOWS = ("rollout/masked_frac", "rollout/truncated_frac", "loss/opsm_mask_frac")  # what says a correction acted
@@ -30,6 +33,7 @@ VARIANTS += [("reinforce", {"is_level": "none"})]
 def grad(name, cfg, batch, bypass):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
+    torch.manual_seed(0)  # clip_cov draws from torch's global generator: the same draw in every call
     out = call_loss(get_loss(name), logp, cfg=cfg, bypass=bypass, **args)
     (g,) = torch.autograd.grad(out.loss, logp)
     return out, g
@@ -42,7 +46,7 @@ def test_every_correction_acts_or_is_refused(name, overrides, correction, bypass
     # pi_theta / mu and pi_old / pi_rollout both far from 1 on some tokens (log-ratio scale 0.5)
     batch = make_batch(B=8, T=9, scale=0.5, seed=1, rollout=True, pad="zero")
     spec = get_loss(name)
-    if name == "gspo" and correction == "opsm":  # GSPO's clip already stops every sequence OPSM would mask
+    if name in ("gspo", "luspo") and correction == "opsm":  # GSPO's clip already stops every sequence OPSM would mask
         with pytest.raises(ValueError, match="cannot change GSPO's update"):
             spec.config_cls(**overrides, **CORRECTIONS[correction])
         return
@@ -53,7 +57,8 @@ def test_every_correction_acts_or_is_refused(name, overrides, correction, bypass
         with pytest.raises(ValueError, match="cannot act with mu = the engine's log-probs"):
             grad(name, cfg, batch, bypass)
         return
-    assert refusal is None or correction.startswith("tis")  # only truncations are ever refused, and only here
+    # only truncations and IcePop (no pi_old in bypass mode, verl's plain PPO there) are refused, and only here
+    assert refusal is None or correction.startswith("tis") or correction == "icepop"
     out, g = grad(name, cfg, batch, bypass)
     _, plain = grad(name, spec.config_cls(**overrides), batch, bypass)
     assert (g - plain).abs().max() > 1e-6, "the correction did not change the update"
@@ -69,7 +74,7 @@ def test_at_ratio_one_every_correction_leaves_the_update(name, overrides, correc
     batch["old_logp"] = batch["logp"].clone()
     batch["rollout_logp"] = batch["logp"].clone()
     spec = get_loss(name)
-    if name == "gspo" and correction == "opsm":
+    if name in ("gspo", "luspo") and correction == "opsm":
         return  # refused (above)
     for bypass in (False, True):
         cfg = spec.config_cls(**overrides, **CORRECTIONS[correction])

@@ -138,7 +138,8 @@ def test_configs_have_spec_defaults():
 
 
 def test_unknown_loss_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown loss 'vespoo'; choose one of: cispo, dppo, grpo, gspo, m2po, prime_rl, reinforce, sapo, vespo, "
+    with pytest.raises(ValueError, match="unknown loss 'vespoo'; choose one of: cispo, clip_cov, decoupled_ppo, dppo, "
+                       "dro, gmpo, grpo, gspo, ipo, kl_cov, luspo, m2po, prime_rl, reinforce, sapo, topr, vespo, "
                        "vespo_adaptive$"):
         get_loss("vespoo")
 

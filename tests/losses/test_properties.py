@@ -38,7 +38,8 @@ def test_outputs_and_gradients_stay_finite(inputs, name, agg, rc_mode):
     logp, old_logp, rollout_logp, adv, mask = inputs
     logp = logp.requires_grad_(True)
     spec = get_loss(name)
-    cfg = spec.config_cls(**agg_kwargs(agg), rollout_correction={"mode": rc_mode})
+    options = {"reject_by": "seq_mean_k3", "reject_high": 0.1} if rc_mode == "reject" else {}  # reject needs its bound
+    cfg = spec.config_cls(**agg_kwargs(agg), rollout_correction={"mode": rc_mode, **options})
     out = call_loss(spec, logp, old_logp, adv, mask, cfg, rollout_logp=rollout_logp)
     (grad,) = torch.autograd.grad(out.loss, logp)
     assert torch.isfinite(out.loss)

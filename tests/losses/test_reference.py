@@ -16,6 +16,7 @@ from vespo.losses import AGG_MODES, get_loss, loss_names
 from .batches import agg_kwargs, call_loss, make_batch, to_lists
 from .reference import geo_kept, m2po_kept, reference_loss
 
+RNG_SEED = 1234
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
 VARIANTS = {  # name -> config overrides worth covering beyond the defaults
     "reinforce": [{"is_level": "none"}, {"is_level": "token"}, {"is_level": "sequence"}],
@@ -27,7 +28,15 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
              {"divergence": "kl", "delta_low": 0.01, "delta_high": 0.2, "ratio_cap": 1.5}],
     "m2po": [{}, {"m2_threshold": 0.5}, {"m2_threshold": 5.0}],
     "prime_rl": [{}, {"delta_low": 0.05, "delta_high": 0.3, "kl_tau": 0.1}],
-    "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0}],
+    "vespo": [{}, {"length_norm": "sqrt"}, {"length_norm": "linear"}, {"k_pos": 0.0, "lambda_neg": 0.0},
+              {"nomu_group": 2}, {"nomu_group": 3, "length_norm": "sqrt"}],
+    "luspo": [{}, {"eps_low": 0.2, "eps_high": 0.3}],
+    "gmpo": [{}, {"eps_low": 0.1, "eps_high": 0.3}],
+    "dro": [{}, {"beta": 2.0}],
+    "ipo": [{}, {"delta": 0.02, "kl_tau": 0.1}],
+    "topr": [{}, {"positive_weight": 0.5, "negative_weight": 2.0}],
+    "kl_cov": [{}, {"kl_cov_ratio": 0.2, "coef": 0.5}],
+    "clip_cov": [{}, {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0, "eps_high": 0.28}],
     "vespo_adaptive": [{}, {"budget_pos": 1.3, "budget_neg": 0.8, "lambda_min": 1e-3, "lambda_max": 50.0},
                        {"rule": "ess"}, {"rule": "ess", "ess_target": 0.97, "scale_min": 0.01, "scale_max": 2.0},
                        {"rule": "ess", "length_norm": "sqrt", "k_neg": 5.0}],
@@ -37,8 +46,10 @@ VARIANTS = {  # name -> config overrides worth covering beyond the defaults
 def run_both(name, batch, cfg, normalizer=None, bypass=False):
     logp = batch["logp"].clone().requires_grad_(True)
     args = {k: v for k, v in batch.items() if k != "logp"}
+    torch.manual_seed(RNG_SEED)  # clip_cov draws from torch's global generator, as verl's: the same draw in both
     out = call_loss(get_loss(name), logp, cfg=cfg, normalizer=normalizer, bypass=bypass, **args)
     (grad,) = torch.autograd.grad(out.loss, logp)
+    torch.manual_seed(RNG_SEED)
     ref_loss, ref_grad = reference_loss(name, cfg=cfg, normalizer=normalizer, bypass=bypass, **to_lists(batch))
     return out.loss, grad, torch.tensor(ref_loss, dtype=torch.float64), torch.tensor(ref_grad, dtype=torch.float64)
 
@@ -71,7 +82,13 @@ def test_every_aggregation_and_normalizer_matches_reference(name, agg):
 CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "mis_token": {"threshold": 1.5},
                "mis_seq": {"threshold": 1.5}, "geo_mask": {"geo_low": 0.85, "geo_high": 1.15},
                "geo_mask_verl": {"mode": "geo_mask", "geo_low": 0.85, "geo_high": 1.15, "geo_token_clamp": 0.3},
-               "icepop": {"icepop_low": 0.8, "icepop_high": 1.4}}
+               "icepop": {"icepop_low": 0.8, "icepop_high": 1.4},
+               "tis_token_normalized": {"mode": "tis_token", "threshold": 1.5, "batch_normalize": True},
+               "tis_seq_normalized": {"mode": "tis_seq", "threshold": 1.5, "batch_normalize": True},
+               "icepop_normalized": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4, "batch_normalize": True},
+               "reject_token_k3": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05},
+               "reject_seq_mean_k1": {"mode": "reject", "reject_by": "seq_mean_k1", "reject_low": 0.9, "reject_high": 1.2},
+               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1}}
 
 
 def correction_config(name, mode, **options):
@@ -106,8 +123,8 @@ def test_bypass_mode_correction_matches_reference(name, mode):
 @pytest.mark.parametrize("delta", [0.0, 0.1, 1e3])
 def test_opsm_matches_reference(name, delta):
     """OPSM on every loss, with mu recomputed and in bypass mode, sequence and token advantages."""
-    options = {"eps_low": 0.2, "eps_high": 0.3} if name == "gspo" else {}  # GSPO's own 3e-4 leaves OPSM no room
-    if name == "gspo" and math.exp(-delta) <= 1 - options["eps_low"]:
+    options = {"eps_low": 0.2, "eps_high": 0.3} if name in ("gspo", "luspo") else {}  # GSPO's own 3e-4 leaves OPSM no room
+    if name in ("gspo", "luspo") and math.exp(-delta) <= 1 - options["eps_low"]:
         with pytest.raises(ValueError, match="cannot change GSPO's update"):
             get_loss(name).config_cls(opsm_delta=delta, **options)
         return
@@ -191,3 +208,48 @@ def test_m2po_mask_is_areals_rule(tau):
         assert masked_counts == {0}
     else:  # the rule masked different numbers of tokens across these batches
         assert len(masked_counts) > 1
+
+
+MUTATIONS = {  # name -> (the options the loss runs with, the options the reference is told: one change each)
+    "luspo": ({"agg": "seq-mean-token-sum"}, {"agg": "seq-mean-token-mean"}),  # the length weighting dropped
+    "gmpo": ({}, {"eps_high": 0.1}),
+    "dro": ({}, {"beta": 0.2}),
+    "ipo": ({}, {"delta": 0.05}),
+    "topr": ({}, {"negative_weight": 0.5}),
+    "kl_cov": ({"kl_cov_ratio": 0.2}, {"kl_cov_ratio": 0.1}),
+    "clip_cov": ({"clip_cov_ratio": 0.3, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0},
+                 {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05, "clip_cov_ub": 2.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_reference_catches_a_changed_loss(name):
+    """Mutation test: each peer loss, run with one option changed from what the reference is told, is caught, so
+    the comparisons above can fail (the changes: LUSPO without its length weighting, a tighter GMPO clip, DRO's
+    beta doubled, IPO's trust region halved, TOPR's negative weight halved, fewer KL-Cov / Clip-Cov tokens)."""
+    batch = make_batch(scale=1.0, seed=3)
+    ran, told = (get_loss(name).config_cls(**options) for options in MUTATIONS[name])
+    loss, grad, _, _ = run_both(name, batch, ran)
+    _, _, ref_loss, ref_grad = run_both(name, batch, told)
+    assert not torch.allclose(grad, ref_grad, rtol=1e-6)
+    _, _, same_loss, same_grad = run_both(name, batch, ran)
+    torch.testing.assert_close(grad, same_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_nomu_ignores_the_behaviour_policy_and_is_caught_when_changed():
+    """NoMu's W depends on pi alone: any old_logp gives the same update (and the reference agrees); a different
+    group size is caught by the reference (mutation); a call without whole groups is refused."""
+    batch = make_batch(scale=0.5, seed=4)
+    cfg = get_loss("vespo").config_cls(nomu_group=2)
+    loss, grad, ref_loss, ref_grad = run_both("vespo", batch, cfg)
+    other = {**batch, "old_logp": batch["old_logp"] - 3.0}
+    loss2, grad2, _, _ = run_both("vespo", other, cfg)
+    torch.testing.assert_close(grad2, grad, rtol=1e-12, atol=1e-15)
+    _, _, _, ref_grad3 = run_both("vespo", batch, get_loss("vespo").config_cls(nomu_group=3))
+    assert not torch.allclose(grad, ref_grad3, rtol=1e-6)
+    _, plain, _, _ = run_both("vespo", batch, get_loss("vespo").config_cls())
+    assert not torch.allclose(grad, plain, rtol=1e-6)  # it acts
+    with pytest.raises(ValueError, match="nomu_group=4 needs whole groups"):
+        run_both("vespo", batch, get_loss("vespo").config_cls(nomu_group=4))  # 6 rows
+    with pytest.raises(ValueError, match="nomu_group must be None or an integer >= 2"):
+        get_loss("vespo").config_cls(nomu_group=1)

@@ -52,7 +52,7 @@ def trl_loss(loss_type, batch, **args):
     trainer.__dict__.update(
         loss_type=loss_type, top_entropy_quantile=1.0, off_policy_mask_threshold=args.get("opsm"), beta=0.0,
         max_completion_length=args.get("max_completion_length"),
-        importance_sampling_level="token", epsilon_low=args.get("epsilon_low", 0.2),
+        importance_sampling_level=args.get("is_level", "token"), epsilon_low=args.get("epsilon_low", 0.2),
         epsilon_high=args.get("epsilon_high", 0.2), use_vllm=False, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, _metrics=defaultdict(lambda: defaultdict(list)),
         model=SimpleNamespace(training=True),
@@ -156,3 +156,24 @@ def test_dr_grpo_aggregation_matches_trl(scale):
     out, grad = our_grad("grpo", batch, agg="seq-mean-token-sum-norm", norm_length=12, dual_clip_c=None)
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0])
+@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.3)])
+def test_luspo_matches_trl(scale, eps):
+    """vespo's luspo against TRL's loss_type="luspo" with importance_sampling_level="sequence" (its documented
+    setup), loss and gradient. TRL's mean counts every row, the all-masked last row too; vespo counts rows with a
+    valid token unless given the count, so it is given TRL's (B) as the normalizer."""
+    batch = make_batch(B=8, T=9, seed=41, scale=scale, pad="zero")
+    loss, grad = trl_loss("luspo", batch, is_level="sequence", epsilon_low=eps[0], epsilon_high=eps[1])
+    logp = batch["logp"].clone().requires_grad_(True)
+    spec = get_loss("luspo")
+    out = call_loss(spec, logp, batch["old_logp"], batch["advantages"], batch["mask"],
+                    spec.config_cls(eps_low=eps[0], eps_high=eps[1]), normalizer=float(len(logp)))
+    (ours,) = torch.autograd.grad(out.loss, logp)
+    torch.testing.assert_close(out.loss, loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ours, grad, rtol=1e-9, atol=1e-12)
+    assert grad.abs().max() > 0
+    gspo = call_loss(get_loss("gspo"), batch["logp"], batch["old_logp"], batch["advantages"], batch["mask"],
+                     get_loss("gspo").config_cls(eps_low=eps[0], eps_high=eps[1]), normalizer=float(len(logp)))
+    assert abs(float(gspo.loss.detach() - loss.detach())) > 1e-6  # the length weighting is what TRL's luspo adds to GSPO

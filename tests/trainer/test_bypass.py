@@ -7,23 +7,23 @@ from stepping import rollout_step, sync_loop
 
 from vespo.config import ConfigError
 
-BAND = "loss.options={rollout_correction: {mode: icepop, icepop_low: 0.999, icepop_high: 1.001}}"
+BAND = "loss.options={rollout_correction: {mode: geo_mask, geo_low: 0.999, geo_high: 1.001}}"
 # warm-started to ~30% (as in test_ess_step): groups with right and wrong answers, so the first update moves pi
 SIGNAL = ("rollout.prompts_per_step=16", "rollout.group_size=8", "warmstart.steps=60", "warmstart.lr=3e-3")
 
 
 def test_under_mu_from_the_engine_a_rejection_acts_on_pi_over_pi_rollout(make_cfg):
-    """At lag 1 pi_theta has moved one update away from the engine that sampled the batch: IcePop's narrow band
-    rejects tokens there, and the update differs from plain GRPO's on the same samples."""
+    """At lag 1 pi_theta has moved one update away from the engine that sampled the batch: a narrow geo_mask band
+    rejects sequences there, and the update differs from plain GRPO's on the same samples."""
     steps = {}
-    for name, extra in (("icepop", (BAND,)), ("plain", ())):
+    for name, extra in (("geo_mask", (BAND,)), ("plain", ())):
         with sync_loop(make_cfg(*SIGNAL, "staleness.n=2", "staleness.behavior=rollout", "loss.name=grpo", *extra,
                                 out=name)) as loop:
             steps[name] = rollout_step(loop)
-    assert steps["icepop"]["reward/mean"] == steps["plain"]["reward/mean"]  # the same samples
-    assert steps["icepop"]["rollout/masked_frac"] > 0
+    assert steps["geo_mask"]["reward/mean"] == steps["plain"]["reward/mean"]  # the same samples
+    assert steps["geo_mask"]["rollout/masked_frac"] > 0
     assert "rollout/masked_frac" not in steps["plain"]
-    assert steps["icepop"]["optim/grad_norm"] != steps["plain"]["optim/grad_norm"]
+    assert steps["geo_mask"]["optim/grad_norm"] != steps["plain"]["optim/grad_norm"]
 
 
 @pytest.mark.parametrize("loss", ["grpo", "vespo", "reinforce"])
@@ -34,6 +34,29 @@ def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no
     make_cfg("staleness.behavior=recompute", f"loss.name={loss}", tis)  # pi_old / pi_rollout: it acts there
     make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
              "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
+
+
+def test_decoupled_ppo_reads_each_rows_lag_in_a_real_run(make_cfg):
+    """decoupled_ppo's pi_prox interpolates by each row's lag, which the learner passes: its second update (lag 1)
+    differs from PPO on pi / mu (GRPO without the dual clip, what it is at lag 0) on the same samples."""
+    steps = {}
+    for name, loss in (("decoupled", ("loss.name=decoupled_ppo",)),
+                       ("ppo", ("loss.name=grpo", "loss.options={dual_clip_c: null}"))):
+        with sync_loop(make_cfg(*SIGNAL, "staleness.n=2", "staleness.behavior=rollout", *loss, out=name)) as loop:
+            steps[name] = rollout_step(loop)
+    assert steps["decoupled"]["reward/mean"] == steps["ppo"]["reward/mean"]  # the same samples
+    assert steps["decoupled"]["optim/grad_norm"] != steps["ppo"]["optim/grad_norm"]
+
+
+def test_icepop_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio(make_cfg):
+    """IcePop weighs by pi_old / pi_rollout; with mu = the engine's log-probs there is no pi_old (verl's bypass
+    PPO-clip drops IcePop: plain PPO), so a loss with its own ratio refuses it; verl's bypass REINFORCE keeps it."""
+    icepop = "loss.options={rollout_correction: {mode: icepop}}"
+    with pytest.raises(ConfigError, match="mode=icepop cannot act with mu = the engine's log-probs"):
+        make_cfg("staleness.behavior=rollout", "loss.name=grpo", icepop)
+    make_cfg("staleness.behavior=recompute", "loss.name=grpo", icepop)
+    make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
+             "loss.options={is_level: none, rollout_correction: {mode: icepop}}")
 
 
 def test_help_config_says_which_correction_applies_when(capsys):

@@ -61,7 +61,10 @@ TOKEN_FRACTIONS = {
     "dual_clip": "loss/dual_clip_frac",
     "trust_mask_high": "loss/trust_mask_frac_high",  # DPPO, prime_rl: A > 0 tokens outside the trust region
     "trust_mask_low": "loss/trust_mask_frac_low",  # DPPO, prime_rl: A < 0 tokens outside the trust region
-    "ratio_cap": "loss/ratio_cap_frac",  # DPPO: kept tokens whose ratio was truncated at ratio_cap
+    "ratio_cap": "loss/ratio_cap_frac",  # DPPO: kept tokens whose ratio was truncated at ratio_cap; TOPR: A <= 0 at 1
+    "cov_selected": "loss/cov_frac",
+    "behave_masked": "loss/behave_mask_frac",  # decoupled_ppo: tokens whose pi_prox / mu left the bounds
+    "behave_clamped": "loss/behave_clamp_frac",  # decoupled_ppo: tokens whose pi_prox / mu was clamped  # KL-Cov / Clip-Cov: the high-covariance tokens penalized / cut
     "m2_masked": "loss/m2_mask_frac",  # M2PO: tokens masked to bring the second moment under its threshold
     "rollout_masked": "rollout/masked_frac",  # rollout correction weight 0 (mis_*, geo_mask, icepop)
     "rollout_truncated": "rollout/truncated_frac",  # tis_*: rollout correction weight truncated at C

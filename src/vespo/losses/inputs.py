@@ -7,6 +7,7 @@
     x.mask        [B, T] bool;  x.mask_f the same in logp's dtype;  x.tokens [B] valid tokens per row
     x.rollout_logp [B, T] the engine's log-probs pi_rollout, detached, 0 on padding (None if not given)
     x.bypass      mu is the engine's own log-probs (verl's bypass mode): pi_rollout = mu
+    x.lag         [B] how many policy versions each row is behind the learner (None: not given); decoupled_ppo
     x.log_ratio   [B, T] logp - old_logp on valid tokens, 0 on padding; carries the gradient
     x.rollout_d   [B, T] log pi_rollout - log pi_ref, pi_ref = mu (decoupled) or sg[pi_theta] (bypass): the
                   rollout correction's rho = pi_ref / pi_rollout is exp(-rollout_d) (None without pi_rollout)
@@ -39,6 +40,7 @@ class LossInputs:
     tokens: Tensor  # [B] valid tokens per row, logp's dtype
     rollout_logp: Tensor | None = None  # [B, T] detached, 0 on padding
     bypass: bool = False  # mu (old_logp) is the engine's log-probs: rollout_logp is old_logp
+    lag: Tensor | None = None  # [B] logp's dtype, policy versions between the row's sampler and the learner (>= 0)
 
     @property
     def rollout_d(self) -> Tensor | None:
@@ -80,11 +82,13 @@ def prepare_inputs(
     mask: Tensor,
     rollout_logp: Tensor | None = None,
     bypass: bool = False,
+    lag: Tensor | None = None,
 ) -> LossInputs:
     """Check the loss inputs and return them with padding set to 0; raises ValueError naming the culprit.
 
     ``bypass``: ``old_logp`` is the inference engine's own log-probs (verl's bypass mode), which are then
-    also pi_rollout for the rollout correction; ``rollout_logp`` must be None.
+    also pi_rollout for the rollout correction; ``rollout_logp`` must be None. ``lag`` [B]: each row's policy
+    versions behind the learner (the learner's version minus the row's sampling version), >= 0.
     """
     if bypass and rollout_logp is not None:
         raise ValueError("bypass=True takes pi_rollout from old_logp (mu is the engine's log-probs); "
@@ -111,7 +115,8 @@ def prepare_inputs(
     mask_f = mask_b.to(logp.dtype)
     rollout = clean["old_logp"] if bypass else clean.get("rollout_logp")
     return LossInputs(logp=clean["logp"], old_logp=clean["old_logp"], adv=clean["advantages"], mask=mask_b,
-                      mask_f=mask_f, tokens=mask_f.sum(dim=-1), rollout_logp=rollout, bypass=bypass)
+                      mask_f=mask_f, tokens=mask_f.sum(dim=-1), rollout_logp=rollout, bypass=bypass,
+                      lag=_check_lag(lag, logp))
 
 
 def _check_finite(tensors: dict[str, tuple[Tensor, Tensor]]) -> None:
@@ -156,6 +161,19 @@ def _check_same_shape(name: str, x: Tensor, logp: Tensor) -> None:
         raise ValueError(f"{name} shape {tuple(x.shape)} does not match logp shape {tuple(logp.shape)}")
     if x.device != logp.device:
         raise ValueError(f"{name} is on {x.device} but logp is on {logp.device}")
+
+
+def _check_lag(lag: Tensor | None, logp: Tensor) -> Tensor | None:
+    """The lag as [B] in logp's dtype; raises unless it is a [B] tensor of finite values >= 0."""
+    if lag is None:
+        return None
+    if not isinstance(lag, Tensor) or tuple(lag.shape) != tuple(logp.shape[:1]):
+        raise ValueError(f"lag must be a tensor of shape [B] = {tuple(logp.shape[:1])}; got "
+                         f"{tuple(lag.shape) if isinstance(lag, Tensor) else type(lag).__name__}")
+    lag = lag.detach().to(device=logp.device, dtype=logp.dtype)
+    if not bool((torch.isfinite(lag) & (lag >= 0)).all()):
+        raise ValueError("lag must hold finite values >= 0 (policy versions behind the learner)")
+    return lag
 
 
 def _check_advantages(advantages: Tensor, logp: Tensor) -> None:

@@ -9,6 +9,8 @@ kernels, precision, MoE routing). With rho_t = pi_old / pi_rollout per token:
     mis_seq     w_i = prod_t rho_t if <= C else 0         masked, per sequence
     geo_mask    w_i = 1 if geo_low <= rho_bar_i <= geo_high else 0,   rho_bar_i = exp(mean_t log rho_t)
     icepop      w_t = rho_t if icepop_low <= rho_t <= icepop_high else 0,   rho_t = exp(clamp(log rho_t, +-20))
+    reject      w = 1 if the divergence statistic (reject_by: k1, k2 or k3, per token or per sequence as its sum,
+                mean or max) is within its bound else 0: verl's rollout_rs rejection (:func:`reject_keep`)
 
 Each weight is an importance part (rho, or min(rho, C)) times a rejection part (the 0/1 of the mask;
 1 for tis_*). geo_mask is geometric sequence masking (verl's Geo-RS presets, SkyRL's
@@ -28,8 +30,10 @@ Where the ratio comes from (``LossInputs.bypass``):
     bypass      mu = the engine's own log-probs (verl's bypass mode): rho = pi_theta / pi_rollout, detached.
                 A loss whose own ratio pi_theta / mu is already that weight (every loss but reinforce with
                 is_level=none) takes only the rejection part, as verl's bypass PPO-clip does; tis_*, which
-                has none, is refused (:data:`BYPASS_TRUNCATION`). reinforce with is_level=none takes the
-                whole weight (verl's bypass REINFORCE).
+                has none, is refused (:data:`BYPASS_TRUNCATION`), and so is icepop (:data:`BYPASS_ICEPOP`):
+                verl's bypass PPO-clip drops IcePop's weights (plain PPO), and the paper's ratio is the
+                engines' at theta_old, pi_old / pi_rollout, which bypass mode does not compute. reinforce with
+                is_level=none takes the whole weight (verl's bypass REINFORCE, IcePop included).
 
 Weights are detached. Every loss but VESPO multiplies its per-token loss by w (vespo.losses.base.finish);
 VESPO adds log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token
@@ -48,7 +52,10 @@ import torch
 from torch import Tensor
 
 ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "geo_mask",
-                                             "icepop")
+                                             "icepop", "reject")
+# reject: the divergence statistic (verl's rollout_rs options), per token or per sequence (sum, mean, max)
+REJECT_BY: tuple[str, ...] = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 TRUNCATING: tuple[str, ...] = ("tis_token", "tis_seq")  # importance part only: nothing is rejected
 LOG_W_MIN = math.log(1e-8)  # official lower clamp of a log-weight
 LOG_W_MAX = 20.0  # official upper clamp of a log-weight
@@ -58,6 +65,20 @@ BYPASS_TRUNCATION = (
     "verl's bypass mode): the loss's own ratio pi_theta/mu already is pi_theta/pi_rollout, and a truncated "
     "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, icepop), "
     "or loss reinforce with is_level=none (verl's bypass REINFORCE)"
+)
+BYPASS_BATCH_NORMALIZE = (
+    "rollout_correction.batch_normalize cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
+    "verl's bypass mode) on a loss with its own ratio: only the rejection part of the weight applies there, and a "
+    "0/1 rejection is not an importance weight to normalize; use staleness.behavior=recompute, or loss reinforce "
+    "with is_level=none"
+)
+NORMALIZABLE: tuple[str, ...] = ("tis_token", "tis_seq", "mis_token", "mis_seq", "icepop")  # importance weights
+BYPASS_ICEPOP = (
+    "rollout_correction.mode=icepop cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
+    "verl's bypass mode) on a loss with its own ratio: IcePop is an importance weight of pi_old / pi_rollout, and "
+    "here there is no pi_old (verl's bypass PPO-clip drops it: plain PPO); use staleness.behavior=recompute for "
+    "IcePop (verl's decoupled preset), a rejection mode (mis_token, mis_seq, geo_mask), or loss reinforce with "
+    "is_level=none (verl's bypass REINFORCE with IcePop)"
 )
 
 
@@ -82,6 +103,20 @@ class RolloutCorrection:
     """icepop: lower bound alpha of a kept token's ratio (verl's presets: 0.5); > 0."""
     icepop_high: float = 5.0
     """icepop: upper bound beta of a kept token's ratio (verl's presets: 5.0); >= icepop_low."""
+    batch_normalize: bool = False
+    """Divide the weights by their mean over the call: over its valid tokens for token modes, over its rows for
+    *_seq (verl's rollout_is_batch_normalize). Importance-weight modes only (tis_*, mis_*, icepop); refused with
+    mu = the engine's log-probs on a loss with its own ratio (only a rejection applies there)."""
+    reject_by: str | None = None
+    """reject: the divergence that rejects, verl's rollout_rs option: token_k1|k2|k3, seq_sum_k1|k2|k3,
+    seq_mean_k1|k2|k3, seq_max_k2|k3 (k1 = log(pi_rollout / pi), k2 = (log r)^2 / 2, k3 = r - 1 - log r of
+    r = pi / pi_rollout clamped at +-20). Required with mode=reject, refused with any other mode."""
+    reject_high: float | None = None
+    """reject: upper bound of a kept statistic (for k1 a ratio pi_rollout / pi: exp(k1) <= reject_high); > 0.
+    Required with mode=reject."""
+    reject_low: float | None = None
+    """reject with a k1 option: lower bound of the kept ratio exp(k1); None is 1 / reject_high (verl's single
+    threshold). Refused with k2 / k3 (they have no lower bound)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_CORRECTION_MODES:
@@ -102,6 +137,35 @@ class RolloutCorrection:
         if not (_real(self.icepop_high) and self.icepop_high >= self.icepop_low):
             raise ValueError("rollout_correction.icepop_high must be a finite number >= icepop_low; "
                              f"got {self.icepop_high!r}")
+        self._check_reject()
+        if not isinstance(self.batch_normalize, bool):
+            raise ValueError(f"rollout_correction.batch_normalize must be true or false; got {self.batch_normalize!r}")
+        if self.batch_normalize and self.mode not in NORMALIZABLE:
+            raise ValueError("rollout_correction.batch_normalize applies to importance weights "
+                             f"({', '.join(NORMALIZABLE)}); mode={self.mode!r} has none to normalize")
+
+    def _check_reject(self) -> None:
+        options = {"reject_by": self.reject_by, "reject_high": self.reject_high, "reject_low": self.reject_low}
+        if self.mode != "reject":
+            given = [name for name, value in options.items() if value is not None]
+            if given:
+                raise ValueError(f"rollout_correction.{given[0]} applies to mode=reject only; got mode={self.mode!r}")
+            return
+        if self.reject_by not in REJECT_BY:
+            raise ValueError(f"rollout_correction.reject_by must be one of {', '.join(REJECT_BY)}; "
+                             f"got {self.reject_by!r}")
+        if not (_real(self.reject_high) and self.reject_high > 0):
+            raise ValueError(f"rollout_correction.reject_high must be a finite number > 0; got {self.reject_high!r}")
+        if not self.reject_by.endswith("k1"):
+            if self.reject_low is not None:
+                raise ValueError(f"rollout_correction.reject_low applies to a k1 option only; got "
+                                 f"reject_by={self.reject_by!r}")
+            return
+        if self.reject_low is None:
+            self.reject_low = 1.0 / self.reject_high
+        if not (_real(self.reject_low) and 0 < self.reject_low <= self.reject_high):
+            raise ValueError("rollout_correction.reject_low must be a finite number in (0, reject_high]; "
+                             f"got {self.reject_low!r}")
 
 
 def _real(value: object) -> bool:
@@ -115,12 +179,39 @@ def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorr
     ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding
     then gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection
     part alone (bypass mode, module docstring); tis_* then raises (:data:`BYPASS_TRUNCATION`).
+    With ``cfg.batch_normalize`` the weights are divided by their mean over the call (:func:`batch_mean`).
     """
+    weight = _weight(rollout_d, mask_f, cfg, rejection_only)
+    if weight is None or not cfg.batch_normalize:
+        return weight
+    if rejection_only:
+        raise ValueError(BYPASS_BATCH_NORMALIZE)
+    return weight / batch_mean(weight, mask_f)
+
+
+@torch.no_grad()
+def batch_mean(weight: Tensor, mask_f: Tensor) -> Tensor:
+    """verl's rollout_is_batch_normalize factor: the mean weight over the valid tokens ([B, T] weights) or over the
+    rows with a valid token ([B, 1] weights); 1 where that mean is <= 1e-8 (verl leaves the weights then).  # []"""
+    if weight.shape[-1] == 1 and mask_f.shape[-1] != 1:
+        valid = (mask_f.sum(dim=-1, keepdim=True) > 0).to(weight.dtype)  # [B, 1]
+    else:
+        valid = mask_f
+    mean = (weight * valid).sum() / valid.sum().clamp(min=1.0)
+    return torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+
+
+def _weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, rejection_only: bool) -> Tensor | None:
+    """correction_weight before batch normalization."""
     if cfg.mode == "geo_mask":
         return geo_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
+    if cfg.mode == "reject":
+        return reject_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
     if cfg.mode == "icepop":
+        if rejection_only:
+            raise ValueError(BYPASS_ICEPOP)
         log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        return keep.to(mask_f.dtype) if rejection_only else torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
+        return torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
     log_rho = _log_rho(rollout_d, cfg, rejection_only)
     if log_rho is None:
         return None
@@ -134,28 +225,39 @@ def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorr
 
 def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
                           rejection_only: bool = False) -> Tensor | None:
-    """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W.
+    """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W; with
+    ``cfg.batch_normalize``, minus the log of :func:`batch_mean` per weight (per token, or once per sequence).
 
     Shapes and ``rejection_only`` as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
     """
     if cfg.mode == "geo_mask":
         keep = geo_keep(rollout_d, mask_f, cfg)  # [B, 1]
         return torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
+    if cfg.mode == "reject":
+        keep = reject_keep(rollout_d, mask_f, cfg)  # [B, T] or [B, 1]
+        log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
+        return log_w * mask_f if cfg.reject_by.startswith("token") else log_w
     if cfg.mode == "icepop":
+        if rejection_only:
+            raise ValueError(BYPASS_ICEPOP)
         log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        kept = torch.zeros_like(log_rho) if rejection_only else log_rho
-        return torch.where(keep, kept, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX) * mask_f
-    log_rho = _log_rho(rollout_d, cfg, rejection_only)
-    if log_rho is None:
-        return None
-    log_c = math.log(cfg.threshold)
-    if cfg.mode.startswith("tis"):
-        log_w = log_rho.clamp(max=log_c)
+        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
     else:
-        kept = torch.zeros_like(log_rho) if rejection_only else log_rho
-        log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
-    log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
-    if cfg.mode.endswith("_token"):
+        log_rho = _log_rho(rollout_d, cfg, rejection_only)
+        if log_rho is None:
+            return None
+        log_c = math.log(cfg.threshold)
+        if cfg.mode.startswith("tis"):
+            log_w = log_rho.clamp(max=log_c)
+        else:
+            kept = torch.zeros_like(log_rho) if rejection_only else log_rho
+            log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
+        log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
+    if cfg.batch_normalize:
+        if rejection_only:
+            raise ValueError(BYPASS_BATCH_NORMALIZE)
+        log_w = log_w - batch_mean(_weight(rollout_d, mask_f, cfg, False), mask_f).log()
+    if log_w.shape[-1] != 1 or mask_f.shape[-1] == 1:  # token modes: padding gets 0
         log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
     return log_w
 
@@ -183,6 +285,29 @@ def geo_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -
     tokens = mask_f.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [B, 1]
     mean_log_rho = -d.sum(dim=-1, keepdim=True) / tokens.double()  # [B, 1]
     return (mean_log_rho >= math.log(cfg.geo_low)) & (mean_log_rho <= math.log(cfg.geo_high))
+
+
+@torch.no_grad()
+def reject_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> Tensor:
+    """reject: which tokens ([B, T], token_*) or sequences ([B, 1]) keep their place, verl's
+    compute_rollout_rejection_mask for one option: the statistic of log r = clamp(log pi / pi_rollout, +-20)
+    (k1 = -log r, k2 = (log r)^2 / 2, k3 = e^(log r) - 1 - log r), per token or summed / averaged / maximized over
+    the row's valid tokens; k1 kept in [log reject_low, log reject_high], k2 / k3 kept <= reject_high."""
+    _require(rollout_d, cfg)
+    level, kind = cfg.reject_by.rsplit("_", 1)
+    log_r = (-rollout_d.detach()).clamp(-ICEPOP_LOG_CLAMP, ICEPOP_LOG_CLAMP)  # [B, T]
+    stat = {"k1": -log_r, "k2": 0.5 * log_r.square(), "k3": log_r.exp() - 1.0 - log_r}[kind]  # [B, T]
+    valid = mask_f > 0
+    if level == "seq_sum":
+        stat = torch.where(valid, stat, 0.0).sum(dim=-1, keepdim=True)  # [B, 1]
+    elif level == "seq_mean":
+        stat = torch.where(valid, stat, 0.0).sum(dim=-1, keepdim=True) / mask_f.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    elif level == "seq_max":
+        top = torch.where(valid, stat, -math.inf).amax(dim=-1, keepdim=True)
+        stat = torch.where(valid.any(dim=-1, keepdim=True), top, 0.0)
+    if kind == "k1":
+        return (stat >= math.log(cfg.reject_low)) & (stat <= math.log(cfg.reject_high))
+    return stat <= cfg.reject_high
 
 
 @torch.no_grad()

@@ -258,7 +258,8 @@ class Learner:
         bypass = self.behavior == "rollout"
         engine = self.loss_cfg.rollout_correction.mode != "none" or self.optim_cfg.ess_against == "engine"
         x = prepare_inputs(logp, old_logp, micro.advantages, micro.response_mask,
-                           rollout_logp=micro.rollout_logp if engine and not bypass else None, bypass=bypass)
+                           rollout_logp=micro.rollout_logp if engine and not bypass else None, bypass=bypass,
+                           lag=self.version - micro.versions)  # [b] versions behind (decoupled_ppo's pi_prox)
         return self.spec.fn(x, self.loss_cfg, normalizer)
 
     def _count_replay(self):

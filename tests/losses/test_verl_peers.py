@@ -1,0 +1,60 @@
+"""gmpo, dro, kl_cov and clip_cov against verl 0.9.1's geo_mean, dro, kl_cov and clip_cov: runs
+verl_peer_check.py inside the verl virtualenv (.venv-verl, scripts/setup_verl_env.sh) and reads its results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VERL_PYTHON = REPO / ".venv-verl" / "bin" / "python"
+CHECK = Path(__file__).with_name("verl_peer_check.py")
+
+pytestmark = pytest.mark.skipif(
+    not VERL_PYTHON.exists(), reason=f"verl virtualenv absent ({VERL_PYTHON}); run scripts/setup_verl_env.sh"
+)
+# verl divides by (T_i + 1e-8) in geo_mean's mean and in seq-mean-token-mean: a relative 1e-8 / T_i on those
+VERL_EPS_CASES = {"gmpo", "gmpo_asym", "dro_seq_mean"}
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([str(VERL_PYTHON), str(CHECK)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"{CHECK.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_losses_equal_verls(result):
+    """Loss and gradient equal verl's on 4 seeds x 3 log-ratio scales per case (float64)."""
+    assert set(result["diff"]) == {"gmpo", "gmpo_asym", "dro_token_mean", "dro_seq_mean", "kl_cov", "kl_cov_wide",
+                                   "clip_cov", "clip_cov_wide"}
+    for case, diff in result["diff"].items():
+        assert diff < (5e-8 if case in VERL_EPS_CASES else 1e-12), (case, diff)
+
+
+def test_the_selections_and_clips_acted(result):
+    """The comparison covers the parts that select: KL-Cov's penalized and Clip-Cov's cut tokens, GMPO's clip."""
+    for case in ("gmpo", "gmpo_asym", "kl_cov", "kl_cov_wide", "clip_cov", "clip_cov_wide"):
+        assert result["acted"][case] > 0, case
+
+
+def test_rejection_equals_verls_rollout_rs_on_every_option(result):
+    """mode=reject keeps exactly the tokens verl's compute_rollout_rejection_mask keeps, for each of verl's 11
+    rollout_rs options, and rejects some on every one (4 batches)."""
+    assert len(result["rejection"]) == 11
+    for option, check in result["rejection"].items():
+        assert check["mismatched"] == 0 and check["rejected"] > 0, (option, check)
+
+
+def test_batch_normalized_weights_equal_verls(result):
+    """batch_normalize equals verl's rollout_is_batch_normalize for token and sequence TIS and token IcePop: the
+    weights (verl's means divide by count + 1e-8: a relative 1e-8 / T) and the factor, which is not 1."""
+    assert set(result["batch_normalize"]) == {"tis_token", "tis_seq", "icepop"}
+    for case, check in result["batch_normalize"].items():
+        assert check["diff"] < 2e-8, (case, check)
+        assert check["factor_min"] < 0.99 or check["factor_max"] > 1.01, (case, check)
