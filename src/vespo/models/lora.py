@@ -61,6 +61,9 @@ def attach_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                              target_modules=list(cfg.target_modules), bias="none")
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)  # also sets model.peft_config
+    for p in model.parameters():
+        if not p.requires_grad:
+            p.grad = None  # a warm start's last gradient would stay in memory for the whole run
     return model
 
 
