@@ -487,8 +487,11 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield w.enabled and w.kind == "on_policy" and given, (
         f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
         "optim.* on the run's own mini-batch")
-    lora, given = c.model.lora, sorted(c.model.lora.model_fields_set - {"rank"})
-    yield not lora.rank and given, f"model.lora.{given[0] if given else ''} is set but model.lora.rank=0 (LoRA off)"
+    lora = c.model.lora
+    given = [name for name in ("alpha", "target_modules", "dropout")
+             if getattr(lora, name) != LoraConfig.model_fields[name].default]
+    yield not lora.rank and given, (f"model.lora.{given[0] if given else ''} differs from its default but "
+                                    "model.lora.rank=0 (LoRA off): set model.lora.rank > 0 to train adapters")
     yield lora.rank and ranks > 1, (
         f"model.lora trains adapters on one learner process; {ranks} processes would shard it (FSDP2), which LoRA does "
         "not support here: use one learner process or model.lora.rank=0")

@@ -158,7 +158,7 @@ def test_a_resumed_lora_run_continues_as_an_uninterrupted_one(make_cfg):
 
 
 def test_lora_settings_that_cannot_act_are_refused(make_cfg):
-    with pytest.raises(ConfigError, match="model.lora.alpha is set but model.lora.rank=0"):
+    with pytest.raises(ConfigError, match="model.lora.alpha differs from its default but model.lora.rank=0"):
         make_cfg("model.lora.alpha=8")
     with pytest.raises(ConfigError, match="model.lora needs rollout.engine=hf"):
         make_cfg("model.lora.rank=4", "rollout.engine=vllm")
@@ -171,3 +171,31 @@ def test_lora_settings_that_cannot_act_are_refused(make_cfg):
         build_run(cfg, log=lambda *a, **k: None)
     with pytest.raises(ConfigError, match="tied embedding"):
         attach_lora(tiny_model(size="nano", vocab_size=64), LoraConfig(rank=2, target_modules=["lm_head"]))
+
+
+def test_an_async_lora_run_pushes_the_adapters_only(make_cfg, monkeypatch):
+    """Through Ray: the workers are built once with the base; every push is the adapters' size, and the engine's
+    log-probs stay the learner's (the behaviour pass compares them on every mini-batch)."""
+    import ray
+
+    from vespo.trainer.ray_source import RaySource
+
+    pushed: list[int] = []
+    push = RaySource.push_weights
+
+    def measured(self):
+        push(self)
+        pushed.append(_bytes(ray.get(self.weights_ref)))
+
+    cfg = make_cfg(*LORA, "run.mode=async", "async.chunk_tokens=1", "async.stall_timeout_s=120", "run.steps=2",
+                   "async.sync_every=1", "async.max_staleness=0", "async.workers=1")  # every row at lag 0
+    seen = {}
+    monkeypatch.setattr(RaySource, "push_weights", measured)  # the real push, and the size of what it put
+    summary = train(cfg, on_update=lambda loop: seen.setdefault("policy", loop.run.policy))
+    assert summary["status"] == "done" and summary["weight_pushes"] == len(pushed) >= 4
+    adapters, base = _bytes(adapter_state(seen["policy"])), _bytes(base_state(seen["policy"]))
+    assert set(pushed) == {adapters} and adapters < base
+    rows = read_jsonl(f"{cfg.run.out_dir}/metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["staleness/lag_max"] == 0 for r in rows)
+    assert max(r["mismatch/abs_diff_max"] for r in rows) < 1e-4  # the engine holds the base + the pushed adapters
