@@ -30,8 +30,8 @@ def _bytes(state: dict) -> int:
     return sum(v.numel() * v.element_size() for v in state.values())
 
 
-def _learner(make_cfg, *overrides):
-    cfg = make_cfg(*LORA, *overrides)
+def _learner(make_cfg, *overrides, out="run"):
+    cfg = make_cfg(*LORA, *overrides, out=out)
     run = build_run(cfg, log=lambda *a, **k: None)
     learner = Learner(run.policy, cfg)
     return run, learner, LocalSource(run, learner, engine=run.make_engine(run.policy))
@@ -66,6 +66,10 @@ def test_only_the_adapters_train_and_the_engine_follows_adapter_only_pushes(make
     assert all(p.grad is None and not p.requires_grad
                for n, p in learner.module.named_parameters() if not is_adapter_key(n))
     assert len(learner.optimizer.state) == len(learner.params)  # AdamW moments of the adapters, nothing else
+    memory, adapter_bytes = learner.memory(), _bytes(adapter_state(run.policy))
+    assert 2 * adapter_bytes <= memory["mem/optim_bytes_per_rank"] < 3 * adapter_bytes  # two moments (and a step)
+    assert memory["mem/param_bytes_per_rank"] == _bytes(adapter_state(run.policy)) + _bytes(
+        {n: p for n, p in run.policy.named_parameters() if not is_adapter_key(n)})  # the frozen base counted too
 
     base_after, adapters_after = base_state(run.policy), adapter_state(run.policy)
     assert base_after.keys() == base_before.keys()
@@ -199,3 +203,16 @@ def test_an_async_lora_run_pushes_the_adapters_only(make_cfg, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["staleness/lag_max"] == 0 for r in rows)
     assert max(r["mismatch/abs_diff_max"] for r in rows) < 1e-4  # the engine holds the base + the pushed adapters
+
+
+def test_activation_checkpointing_trains_the_same_adapters(make_cfg):
+    """model.gradient_checkpointing with LoRA: the frozen layers recompute in backward, the adapters' update is the
+    same (the checkpointed forward's gradients reach the adapters through frozen inputs)."""
+    states = []
+    for gc in ("false", "true"):
+        run, learner, source = _learner(make_cfg, f"model.gradient_checkpointing={gc}", out=f"gc-{gc}")
+        _train_one_batch(source, learner)
+        states.append({k: v.clone() for k, v in adapter_state(run.policy).items()})
+    assert all(not torch.equal(v, torch.zeros_like(v)) for k, v in states[1].items() if ".lora_B." in k)
+    for k in states[0]:
+        torch.testing.assert_close(states[1][k], states[0][k], rtol=0, atol=1e-6)

@@ -298,11 +298,12 @@ class Learner:
         return self.dist.world
 
     def memory(self) -> dict[str, float]:
-        """Bytes of this rank's parameters and optimizer state (its shards on several ranks)."""
+        """Bytes of this rank's parameters (trained or, with LoRA, the frozen base too) and optimizer state (its shards
+        on several ranks)."""
         def local(t: Tensor) -> Tensor:
             return t.to_local() if hasattr(t, "to_local") else t
 
-        params = sum(local(p).numel() * local(p).element_size() for p in self.params)
+        params = sum(local(p).numel() * local(p).element_size() for p in self.module.parameters())
         optim = sum(local(v).numel() * local(v).element_size() for state in self.optimizer.state.values()
                     for v in state.values() if isinstance(v, Tensor))
         return {"mem/param_bytes_per_rank": float(params), "mem/optim_bytes_per_rank": float(optim)}
