@@ -429,9 +429,19 @@ def _message(error: dict) -> str:
 
 
 def field_schemas(section: str | None = None) -> dict[str, dict]:
-    """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
+    """The JSON schema of each field of a section (a section within it, like model.lora, by its fields:
+    ``lora.rank``, ...), or of each section of the config (None), by YAML name."""
     sections = {f.alias or name: f.annotation for name, f in Config.model_fields.items()}
-    return (sections[section] if section else Config).model_json_schema(by_alias=True)["properties"]
+    if section is None:
+        return Config.model_json_schema(by_alias=True)["properties"]
+    cls, out = sections[section], {}
+    for name, schema in cls.model_json_schema(by_alias=True)["properties"].items():
+        inner = cls.model_fields[name].annotation if name in cls.model_fields else None
+        if isinstance(inner, type) and issubclass(inner, Section):
+            out.update({f"{name}.{k}": v for k, v in inner.model_json_schema(by_alias=True)["properties"].items()})
+        else:
+            out[name] = schema
+    return out
 
 
 # ---------------------------------------------------------------- rules across fields
