@@ -46,6 +46,19 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
+class LoraConfig(Section):
+    rank: int = Field(0, ge=0)
+    """rank r of the low-rank adapters (peft LoRA, needs vespo[lora]); 0 is off: the learner trains every weight. On,
+    the model's weights are a frozen base and only the adapters train (vespo.models.lora)"""
+    alpha: Float = Field(16.0, gt=0.0)
+    """the adapters' scale numerator: an adapter adds (alpha / rank) B A to its module's weight"""
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """names of the modules that get adapters (peft's target_modules: a module whose name ends with one of them);
+    each must match a module of the model"""
+    dropout: Float = Field(0.0, ge=0.0, lt=1.0)
+    """dropout on the adapters' input in training forwards (0 keeps a training forward equal to the behaviour pass)"""
+
+
 class ModelConfig(Section):
     path: str | None = None
     """the policy to start from: a local Hugging Face directory, a Hub id (org/name), a .gguf file (dequantized;
@@ -66,6 +79,8 @@ class ModelConfig(Section):
     """activation checkpointing of the learner's training forwards: each decoder layer keeps only its input and is
     recomputed in backward (transformers' gradient_checkpointing_enable, non-reentrant); less memory for about one
     more forward per update"""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """low-rank adapters (LoRA): off unless lora.rank > 0"""
 
 
 class TaskConfig(Section):
@@ -414,9 +429,19 @@ def _message(error: dict) -> str:
 
 
 def field_schemas(section: str | None = None) -> dict[str, dict]:
-    """The JSON schema of each field of a section, or of each section of the config (None), by YAML name."""
+    """The JSON schema of each field of a section (a section within it, like model.lora, by its fields:
+    ``lora.rank``, ...), or of each section of the config (None), by YAML name."""
     sections = {f.alias or name: f.annotation for name, f in Config.model_fields.items()}
-    return (sections[section] if section else Config).model_json_schema(by_alias=True)["properties"]
+    if section is None:
+        return Config.model_json_schema(by_alias=True)["properties"]
+    cls, out = sections[section], {}
+    for name, schema in cls.model_json_schema(by_alias=True)["properties"].items():
+        inner = cls.model_fields[name].annotation if name in cls.model_fields else None
+        if isinstance(inner, type) and issubclass(inner, Section):
+            out.update({f"{name}.{k}": v for k, v in inner.model_json_schema(by_alias=True)["properties"].items()})
+        else:
+            out[name] = schema
+    return out
 
 
 # ---------------------------------------------------------------- rules across fields
@@ -472,6 +497,17 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield w.enabled and w.kind == "on_policy" and given, (
         f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
         "optim.* on the run's own mini-batch")
+    lora = c.model.lora
+    given = [name for name in ("alpha", "target_modules", "dropout")
+             if getattr(lora, name) != LoraConfig.model_fields[name].default]
+    yield not lora.rank and given, (f"model.lora.{given[0] if given else ''} differs from its default but "
+                                    "model.lora.rank=0 (LoRA off): set model.lora.rank > 0 to train adapters")
+    yield lora.rank and ranks > 1, (
+        f"model.lora trains adapters on one learner process; {ranks} processes would shard it (FSDP2), which LoRA does "
+        "not support here: use one learner process or model.lora.rank=0")
+    yield lora.rank and r.engine != "hf", (
+        f"model.lora needs rollout.engine=hf (the engine runs the adapters and takes adapter-only weight pushes); "
+        f"rollout.engine={r.engine} loads full weights by name")
     yield sync and a.learner != "local", "async.learner=actor applies to async mode (run.mode=async) only"
     yield a.learner_workers > 1 and (a.learner != "actor" or sync), (
         "async.learner_workers > 1 shards the learner actor: it needs run.mode=async and async.learner=actor (for a "

@@ -31,6 +31,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from vespo.models.kv_cache import run_with_cache
 from vespo.models.loading import resolve_dtype
 from vespo.models.logprobs import distinct_rows, positions_from_mask
+from vespo.models.lora import is_adapter_key
 from vespo.models.moe import is_moe, moe_routers, record_routing, stack_routing
 from vespo.rollout.base import SamplingParams, sample_tokens, sampling_logprobs
 from vespo.types import Rollout
@@ -105,15 +106,18 @@ class HFEngine:
         return self._version
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Copy trainer weights in (cast to the engine dtype); every key must match. An engine sharing the
-        trainer's module given that module's own tensors has nothing to copy."""
+        """Copy trainer weights in (cast to the engine dtype); every key must match, or, on a model with LoRA
+        adapters (vespo.models.lora), a state dict of adapter keys only replaces all the adapters and keeps the
+        frozen base. An engine sharing the trainer's module given that module's own tensors has nothing to copy."""
         if version < self._version:
             raise ValueError(f"load_weights version {version} is older than the engine's {self._version}")
         if self.shares_weights and _is_own_state(self.model, state_dict):
             self._version = int(version)
             return
         result = self.model.load_state_dict(state_dict, strict=False)
-        missing = [k for k in result.missing_keys if k not in _tied_keys(self.model)]
+        adapters_only = bool(state_dict) and all(map(is_adapter_key, state_dict))
+        frozen = {k for k in result.missing_keys if not is_adapter_key(k)} if adapters_only else set()
+        missing = [k for k in result.missing_keys if k not in _tied_keys(self.model) and k not in frozen]
         if missing or result.unexpected_keys:
             raise KeyError(f"load_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
         self._version = int(version)

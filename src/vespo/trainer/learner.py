@@ -32,7 +32,9 @@ share of routed token positions whose experts the training forwards forced (1.0 
 On P ranks (``dist``, vespo.trainer.distributed) the policy is sharded with FSDP2 and each rank
 trains its share of every mini-batch: the normalizer is the global token (or sequence) count and
 the rows and counts are reduced over ranks, so the update and every metric are the one-process
-ones. The learner owns the weights and the optimizer on ``model.device``; batches arrive on the CPU
+ones. With LoRA (``model.lora``, vespo.models.lora) the policy holds adapters on a frozen base: only they get
+gradients and optimizer state, and ``weights()`` hands engines the adapters alone. The learner owns the weights and
+the optimizer on ``model.device``; batches arrive on the CPU
 and are moved there. ``RemoteLearner`` (vespo.trainer.remote) runs the same object as Ray actors.
 """
 
@@ -51,6 +53,7 @@ from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
 from vespo.models import compile_decoder_layers, enable_checkpointing, is_moe, record_routing
 from vespo.models.forward import LogprobModule, policy_keys
+from vespo.models.lora import adapter_state, has_lora
 from vespo.models.moe import count_replay, moe_routers, stack_routing
 from vespo.trainer.distributed import Dist, full_tensor, local_device, shard_policy
 from vespo.trainer.protocols import Rows, TrainItem, UpdateResult
@@ -100,6 +103,7 @@ class Learner:
         self.autocast = cfg.model.autocast and not self.dist.active
         self.spec, self.loss_cfg = cfg.loss.spec, cfg.loss.options  # the loss and its typed options (the Config's)
         self.optim_cfg, self.sampling, self.max_nonfinite = cfg.optim, cfg.rollout, cfg.run.max_nonfinite_steps
+        self.lora = has_lora(model)  # only the adapters require gradients (vespo.models.lora)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = _adamw(self.params, cfg.optim, cfg.total_updates)
         self.version = 0  # optimizer steps taken = the policy version
@@ -309,17 +313,21 @@ class Learner:
         return self.dist.world
 
     def memory(self) -> dict[str, float]:
-        """Bytes of this rank's parameters and optimizer state (its shards on several ranks)."""
+        """Bytes of this rank's parameters (trained or, with LoRA, the frozen base too) and optimizer state (its shards
+        on several ranks)."""
         def local(t: Tensor) -> Tensor:
             return t.to_local() if hasattr(t, "to_local") else t
 
-        params = sum(local(p).numel() * local(p).element_size() for p in self.params)
+        params = sum(local(p).numel() * local(p).element_size() for p in self.module.parameters())
         optim = sum(local(v).numel() * local(v).element_size() for state in self.optimizer.state.values()
                     for v in state.values() if isinstance(v, Tensor))
         return {"mem/param_bytes_per_rank": float(params), "mem/optim_bytes_per_rank": float(optim)}
 
     def weights(self) -> dict[str, Tensor]:
-        """The policy's full weights on the CPU (what engines load); gathered from every rank's shards."""
+        """What engines load, on the CPU: the policy's full weights (gathered from every rank's shards), or with LoRA
+        its adapters alone (an engine holds the frozen base from its start; vespo.models.lora)."""
+        if self.lora:
+            return adapter_state(self.model)
         if not self.dist.active:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -352,9 +360,11 @@ class Learner:
 
     def save_policy(self, run_dir: str | Path, tokenizer, config: dict) -> Path | None:
         """RUN_DIR/policy/: the policy as a Hugging Face directory (model + tokenizer, save_pretrained), written
-        by rank 0 from the gathered full weights."""
-        from vespo.trainer.policy_dir import save_run_policy
+        by rank 0 from the gathered full weights; with LoRA the merged weights, and RUN_DIR/adapter/ the adapters."""
+        from vespo.trainer.policy_dir import save_lora_policy, save_run_policy
 
+        if self.lora:  # one process (LoRA is refused on several): the merged policy, and the adapters beside it
+            return save_lora_policy(run_dir, self.model, tokenizer, config)
         weights = self.weights() if self.dist.active else None  # a collective: every rank takes part
         path = None
         if self.dist.is_main:

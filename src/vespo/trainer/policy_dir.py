@@ -1,7 +1,9 @@
 """The policy a run leaves behind, and the policy any run directory, checkpoint or model directory holds.
 
     RUN_DIR/policy/     the policy as a Hugging Face directory (save_pretrained: config.json,
-                        model.safetensors, tokenizer files) plus run_config.json
+                        model.safetensors, tokenizer files) plus run_config.json; with LoRA, the merged weights
+    RUN_DIR/adapter/    with LoRA only: the adapters alone, a peft directory (PeftModel.from_pretrained on the
+                        run's base: model.path, or the warm-started weights it trained on)
 
 ``load_trained_policy`` is what ``vespo eval --model`` opens: a run directory (its ``policy/``, else its
 latest checkpoint), a checkpoint (its weights in the run's architecture, vespo.trainer.checkpoint) or a
@@ -41,6 +43,23 @@ def save_run_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any,
     return save_policy(model, tokenizer, Path(run_dir) / POLICY_DIR, config)
 
 
+def save_lora_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any, config: dict) -> Path:
+    """``RUN_DIR/policy/`` with the merged weights of a policy with LoRA adapters, and ``RUN_DIR/adapter/`` (replaced
+    as a whole); returns the policy's path."""
+    import shutil
+
+    from vespo.models.loading import save_policy
+    from vespo.models.lora import ADAPTER_DIR, merged_policy, save_adapter
+
+    path = save_policy(merged_policy(model), tokenizer, Path(run_dir) / POLICY_DIR, config)
+    final, tmp = Path(run_dir) / ADAPTER_DIR, Path(run_dir) / f"{ADAPTER_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(model, tmp, base=config.get("model", {}).get("path"))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return path
+
+
 def policy_weights(path: str | Path, model: torch.nn.Module) -> None:
     """Load a run checkpoint's weights (a learner's LogprobModule: ``policy.*``) into a plain policy ``model``
     in place, in one process."""
@@ -55,6 +74,7 @@ def policy_from_checkpoint(path: str | Path, dtype: str | None = None) -> tuple[
     checkpoint's weights; in ``dtype`` (default: the run's ``model.dtype``)."""
     from vespo.config import from_dict
     from vespo.models.loading import build_model, resolve_dtype
+    from vespo.models.lora import attach_lora, lora_on, merged_policy
 
     path = Path(path)
     config_file = path / CONFIG_FILE
@@ -62,7 +82,11 @@ def policy_from_checkpoint(path: str | Path, dtype: str | None = None) -> tuple[
         raise CheckpointError(f"checkpoint {path} has no {CONFIG_FILE}; it is incomplete or not a vespo checkpoint")
     cfg = from_dict(json.loads(config_file.read_text()))
     model, tokenizer = build_model(cfg.model, seed=cfg.run.seed)
-    policy_weights(path, model)
+    if lora_on(cfg.model.lora):  # the checkpoint holds the base and the adapters: merged into the plain model
+        policy_weights(path, attach_lora(model, cfg.model.lora))
+        model = merged_policy(model)
+    else:
+        policy_weights(path, model)
     return model.to(resolve_dtype(dtype or cfg.model.dtype)).eval(), tokenizer
 
 

@@ -16,6 +16,7 @@ recent enough that every row's lag (learner version at train time - oldest token
 wait, never by discarding samples. The learner takes μ from the engine's own log-probs
 (staleness.behavior=rollout), so the importance weight carries staleness and engine mismatch together.
 
+With LoRA (model.lora) each worker is built once with the frozen base and every push carries the adapters alone.
 A crashed worker is restarted by Ray (``async.max_restarts``); the source sends it the newest
 weights and resubmits its unfinished tickets. RUN_DIR/versions.jsonl records, per update, the
 learner version and each row's token versions (the staleness bound can be checked row by row).
@@ -38,6 +39,7 @@ from vespo.buffer import StalenessBound, TicketQueue
 from vespo.config import AsyncConfig, to_dict
 from vespo.errors import UserError
 from vespo.data import PromptStream
+from vespo.models.lora import base_state, has_lora
 from vespo.rollout.base import SamplingParams
 from vespo.trainer.producer import PromptBatch, PromptSampler
 from vespo.trainer.protocols import Learner, TrainItem
@@ -96,6 +98,7 @@ class RaySource:
         self.next_issue = 0
         self.stream_states: dict[int, dict] = {}  # ticket -> prompt-stream state before its prompts were drawn
         self.weights_ref = None
+        self.base_ref = None  # with LoRA: the frozen base, sent to each worker once (pushes carry the adapters)
         self.pushed = (-1, 0)  # (version, skipped) of the last weight push
         self.pushes = 0
         self.restarts: list[int] = []
@@ -165,7 +168,9 @@ class RaySource:
     def start_workers(self) -> None:
         actor = remote_worker_class().options(max_restarts=self.a.max_restarts, max_task_retries=0, num_cpus=1)
         cfg_dict = to_dict(self.cfg)
-        self.workers = [actor.remote(cfg_dict, self.run.sampling, i) for i in range(self.a.workers)]
+        if has_lora(self.run.policy) and self.base_ref is None:  # the learner never changes it
+            self.base_ref = ray.put(base_state(self.run.policy))
+        self.workers = [actor.remote(cfg_dict, self.run.sampling, i, self.base_ref) for i in range(self.a.workers)]
         self.restarts = [0] * self.a.workers
         self.push_weights()
         try:  # every worker built and holding weights

@@ -54,7 +54,7 @@ class LearnerActor:
 
         from vespo.models.device import resolve_device
         from vespo.trainer.distributed import init_group, local_device
-        from vespo.trainer.run import build_policy
+        from vespo.trainer.run import attach_run_lora, build_policy
 
         cfg = from_dict(cfg_dict)
         if cfg.run.threads:
@@ -63,6 +63,7 @@ class LearnerActor:
         if world > 1:
             dist = init_group(rank, world, *address, local_device(resolve_device(cfg.model.device)))
         policy, _ = build_policy(cfg)  # the architecture
+        attach_run_lora(cfg, policy)  # the driver's policy has its adapters: the same keys
         policy.load_state_dict(weights)
         self.learner = Learner(policy, cfg, dist)
         self.tokenizer = tokenizer

@@ -83,6 +83,7 @@ def build_run(cfg: Config, log=print) -> Run:
             log(f"notice: a supervised warm start ({cfg.warmstart.steps} steps on the task's reference answers) trains "
                 f"the pretrained {cfg.model.path} before RL; warmstart.enabled=false skips it")
         ws_stats = warm_start(policy, tokenizer, task, cfg, sampling, log=log)
+    attach_run_lora(cfg, policy)  # the warm-started weights are the frozen base
     check_routing_source(cfg, policy)
     check_chat_template(cfg, task, tokenizer)
     return Run(cfg, policy, tokenizer, task, train, held_out, sampling, build_scorer(cfg, task), ws_stats, start_eval)
@@ -121,6 +122,14 @@ def ess_notice(cfg: Config) -> str | None:
         return ("notice: optim.ess_scaled_lr scales every step by exactly 1 here (staleness.n=1 with mu recomputed: "
                 "W = pi/mu = 1); optim.ess_against=engine measures W against the engine's log-probs, as VCPO does")
     return None
+
+
+def attach_run_lora(cfg: Config, policy: PreTrainedModel) -> None:
+    """model.lora's adapters on the policy (vespo.models.lora), when LoRA is on."""
+    from vespo.models.lora import attach_lora, lora_on
+
+    if lora_on(cfg.model.lora):
+        attach_lora(policy, cfg.model.lora)
 
 
 def check_routing_source(cfg: Config, policy: PreTrainedModel) -> None:

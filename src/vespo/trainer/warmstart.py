@@ -10,6 +10,10 @@ as a run of its own and cached with its held-out evaluation. Every condition of 
 staleness) that shares the seed then starts from the same weights, off floor and ceiling, and none takes
 off by luck; the conditions' "before" evaluation is the start's own (the same weights and problems).
 
+With LoRA (model.lora) the supervised start still trains the whole tiny model (shared with full-weight runs) and
+the adapters go on top of it; the on-policy start trains adapters as its run does (cached apart) and its policy is
+the merged one, on which the run puts fresh adapters.
+
     applies(cfg)                  whether a run warm-starts (the one rule; the sweep planner asks it too)
     warmstart_cache_path(cfg)     the file whose presence says the start is ready
     on_policy_config(cfg)         the start's own run config (trainer/loop.py runs it before the run)
@@ -158,6 +162,8 @@ def on_policy_dir(cfg: Config) -> Path:
     run = data.pop("run")
     data["run"] = {k: run[k] for k in ("seed", "threads", "eval_every_size") if k in run}
     data["warmstart"].pop("cache_dir")
+    if not cfg.model.lora.rank:  # LoRA off: the key of the starts made before model.lora existed
+        data["model"].pop("lora")
     data["version"] = 1
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{cfg.task.name if not cfg.task.dataset else Path(cfg.task.dataset).stem}-seed{cfg.run.seed}-{digest}"
@@ -200,6 +206,7 @@ def _cache_path(cfg: Config) -> Path:
     if cfg.warmstart.target_accuracy > 0:  # the probe samples with the rollout settings
         key["sampling"] = [cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens]
     key["warmstart"].pop("cache_dir")
+    key["model"].pop("lora")  # the supervised start trains the whole model; LoRA's adapters go on top of it
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{cfg.task.name}-{cfg.model.arch}-{cfg.model.size}-seed{cfg.run.seed}-{digest}.safetensors"
     return Path(cfg.warmstart.cache_dir).expanduser() / name

@@ -35,18 +35,24 @@ from vespo.types import TrainBatch
 class RolloutWorker:
     """One rollout process: its own engine (weights arrive by ``set_weights``) and reward function."""
 
-    def __init__(self, cfg_dict: dict, sampling: Any, index: int):
+    def __init__(self, cfg_dict: dict, sampling: Any, index: int, base: dict | None = None):
+        """``base``: with LoRA, the frozen base's weights (vespo.models.lora.base_state), sent once; every weight push
+        then carries the adapters alone."""
         from vespo.allocator import return_freed_memory
 
         return_freed_memory()  # its decode loop re-allocates KV caches every token (vespo.allocator)
         torch.set_num_threads(1)
-        from vespo.trainer.run import build_policy, build_scorer, build_task, make_engine
+        from vespo.models.lora import load_base
+        from vespo.trainer.run import attach_run_lora, build_policy, build_scorer, build_task, make_engine
 
         cfg = from_dict(cfg_dict)
         self.index = index
         self.chunk_tokens = cfg.async_.chunk_tokens
         self.bound = StalenessBound(cfg.async_.max_staleness)
         policy, tok = build_policy(cfg)  # the architecture; its weights are replaced before any rollout
+        attach_run_lora(cfg, policy)
+        if base is not None:
+            load_base(policy, base)
         self.engine = make_engine(cfg, policy, tok)  # the engine rollout.* asks for, as in sync mode
         del policy
         self.tokenizer = tok
