@@ -10,12 +10,13 @@ the token was drawn from. Partial rollouts continue a row by resubmitting prompt
 (vLLM's prefix cache makes that cheap, and it is reset at every push); after ``load_weights`` the
 next ``advance`` therefore runs under the new weights.
 
-Pushing weights: vLLM reloads them in place (``worker.reload_weights`` with checkpoint-format
-tensors), which re-runs each layer's post-load processing (vLLM's CPU linear layers repack their
-weights for oneDNN). A model with tied embeddings keeps its LM head as a layer of its own after that
-processing, and vLLM's loader skips ``lm_head.weight`` for such a model, so a push of the embeddings
-alone leaves the head at its old values; the engine therefore also loads the head explicitly
-(tests/rollout/vllm_check.py checks every tensor against the learner's log-probs after a push).
+Pushing weights: vLLM reloads them in place (``worker.reload_weights`` with checkpoint-format tensors,
+through ``collective_rpc``), which re-runs each layer's post-load processing (vLLM's CPU linear layers
+repack their weights for oneDNN and empty the originals, so a model's own ``load_weights`` cannot be
+called after loading). A tied LM head is the embedding's own parameter in vLLM's models and is reloaded
+with it. tests/rollout/vllm_check.py checks a push against the learner's log-probs: every tensor alone,
+the tied head included (its old values would show as "new body + old head"), and the old weights pushed
+back restore the samples.
 
 MoE routing: this engine does not report the experts it routed (its ``Rollout.routed_experts``
 is None), so rollout routing replay (``rollout.router_replay=r3``) needs the HF engine; R2 works
@@ -27,10 +28,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -74,9 +78,10 @@ class VLLMEngine:
         config = json.loads((path / "config.json").read_text())
         self._tied = bool(config.get("tie_word_embeddings", False))
         memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
-        self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-                            logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
-                            **memory, **llm_kwargs)
+        with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
+            self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                                logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
+                                **memory, **llm_kwargs)
         self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
         self._version = 0
 
@@ -152,3 +157,15 @@ class VLLMEngine:
         model.save_pretrained(self._tmp.name, safe_serialization=True)
         tokenizer.save_pretrained(self._tmp.name)
         return Path(self._tmp.name)
+
+
+@contextmanager
+def _caller_rng_kept():
+    """Restore Python's, NumPy's and torch's global random states on exit."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])

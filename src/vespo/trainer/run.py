@@ -182,7 +182,7 @@ def make_engine(cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedToken
     if r.engine == "vllm":
         from vespo.rollout import VLLMEngine
 
-        return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype)
+        return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype, seed=cfg.run.seed)
     from vespo.models import is_moe, resolve_dtype
     from vespo.models.device import resolve_device
     from vespo.rollout import HFEngine
