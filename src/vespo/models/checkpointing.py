@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from vespo.models.kv_cache import cache_keyword
+
 
 class PrefixCache(DynamicCache):
     """A cache holding a fixed prefix per layer; ``update`` returns cat(prefix, new) and stores nothing."""
@@ -56,7 +58,7 @@ class PrefixCache(DynamicCache):
         otherwise turn use_cache off with a warning); a model that then ignored the given cache would
         attend to nothing before its input, so every layer's update is checked to have run."""
         self.written.clear()
-        out = body(**inputs, cache=self, use_cache=False).last_hidden_state
+        out = body(**inputs, **{cache_keyword(body): self}, use_cache=False).last_hidden_state
         if len(self.written) != len(self.layers):
             raise TypeError(f"{type(body).__name__} did not use the KV cache it was given ({len(self.written)} of "
                             f"{len(self.layers)} layers did): the shared-prompt forward needs one that does")
