@@ -24,15 +24,24 @@ fi
 
 echo "setup_vllm_env: building $VENV from $LOCK" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-mkdir -p "$VENV"
+rm -f "$STAMP"
 : >"$LOG"
-# the lock's own install line: the pinned packages and vespo, without resolving dependencies
-read -r -a ARGS <<<"$(sed -n 's/^# install: //p' "$LOCK")"
-if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${ARGS[@]}" >>"$LOG" 2>&1; then
-  echo "setup_vllm_env: pip install ${ARGS[*]} failed; the last lines of $LOG:" >&2
-  tail -n 30 "$LOG" >&2
-  exit 1
-fi
+pip_install() {  # quiet: pip's output goes to $LOG and is shown only if it fails
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$LOCK" "$@" >>"$LOG" 2>&1; then
+    echo "setup_vllm_env: pip install $* (constraints $LOCK) failed; the last lines of $LOG:" >&2
+    tail -n 30 "$LOG" >&2
+    exit 1
+  fi
+}
+pip_install torch  # first and alone: the lock's CPU build
+# the lock's own install lines, in order, each under the lock's pins
+mapfile -t INSTALLS < <(sed -n 's/^# install: *//p' "$LOCK")
+set -f  # an install line is split into words, never globbed
+for args in "${INSTALLS[@]}"; do
+  # shellcheck disable=SC2086
+  pip_install $args
+done
+set +f
 # a venv reused from an older lock may still hold packages the lock leaves out on purpose
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
 
