@@ -33,7 +33,7 @@ MOVED = 0.02
 
 def run_check(mode: str, timeout: int = 900) -> dict:
     """Run vllm_check.py in the vLLM virtualenv; its last stdout line is its JSON result."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(CHECK.parent)]),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([str(VLLM_PYTHON), str(CHECK), mode], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
