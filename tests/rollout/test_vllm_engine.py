@@ -31,13 +31,13 @@ SAME = 1e-5
 MOVED = 0.02
 
 
-def run_check(mode: str, timeout: int = 900) -> dict:
-    """Run vllm_check.py in the vLLM virtualenv; its last stdout line is its JSON result."""
+def run_check(*modes: str, timeout: int = 900) -> dict:
+    """Run vllm_check.py's modes in one process in the vLLM virtualenv; its last stdout line is {mode: result}."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(CHECK.parent)]),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run([str(VLLM_PYTHON), str(CHECK), mode], capture_output=True, text=True, env=env,
+    proc = subprocess.run([str(VLLM_PYTHON), str(CHECK), *modes], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
-    assert proc.returncode == 0, f"vllm_check.py {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"vllm_check.py {' '.join(modes)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -57,8 +57,14 @@ def test_missing_vllm_error_says_how_to_install():
 
 
 @pytest.fixture(scope="module")
-def engine_result() -> dict:
-    return run_check("engine")
+def results() -> dict:
+    """The engine checks and a sync run, in one process (vLLM's compiled graphs are then reused)."""
+    return run_check("engine", "sync")
+
+
+@pytest.fixture(scope="module")
+def engine_result(results) -> dict:
+    return results["engine"]
 
 
 @needs_env
@@ -111,10 +117,5 @@ def _assert_short_run(r: dict, updates: int) -> None:
 
 
 @needs_env
-def test_a_sync_run_with_the_vllm_engine():
-    _assert_short_run(run_check("sync"), updates=4)
-
-
-@needs_env
-def test_an_async_run_with_vllm_rollout_workers():
-    _assert_short_run(run_check("async"), updates=4)
+def test_a_sync_run_with_the_vllm_engine(results):
+    _assert_short_run(results["sync"], updates=4)

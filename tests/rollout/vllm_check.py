@@ -1,9 +1,10 @@
 """Checks of vespo's vLLM engine on the CPU, run inside the vLLM virtualenv (.venv-vllm) by test_vllm_engine.py.
 
-    .venv-vllm/bin/python tests/rollout/vllm_check.py engine   # the engine on a tiny model: one JSON line
-    .venv-vllm/bin/python tests/rollout/vllm_check.py sync     # a short sync training run with rollout.engine=vllm
-    .venv-vllm/bin/python tests/rollout/vllm_check.py async    # the same in async mode (Ray rollout workers)
-    .venv-vllm/bin/python tests/rollout/vllm_check.py real     # the engine on SmolLM2-135M-Instruct (bf16 and push)
+    .venv-vllm/bin/python tests/rollout/vllm_check.py engine sync   # modes in turn; one JSON line {mode: result}
+
+    engine   the engine on a tiny model: log-probs, pushes, restore, partial rollouts
+    sync     a short sync training run with rollout.engine=vllm
+    async    the same in async mode (a Ray rollout worker)
 
 Each mode loads vLLM once (a load compiles the model: about a minute on a loaded 2-core machine). The tiny model
 is the xs Qwen3 (head_dim 32: vLLM's CPU attention has no kernel for the nano size's 16) with tied embeddings.
@@ -142,7 +143,10 @@ def run_check(mode: str) -> dict:
                  "run.loggers=[jsonl]", "run.threads=1",
                  "run.checkpoint_every=1", f"run.out_dir={out_dir}", f"run.mode={mode}"]
     if mode == "async":
-        overrides += ["async.chunk_tokens=2", "async.max_staleness=2", "async.stall_timeout_s=300"]
+        # every update pushed and no row sampled ahead of the learner: each mini-batch's behaviour log-probs are the
+        # pushed weights' own, so the mismatch against the learner's recompute is rounding alone
+        overrides += ["async.chunk_tokens=2", "async.sync_every=1", "async.max_staleness=0",
+                      "async.stall_timeout_s=300"]
     t0 = time.perf_counter()
     summary = train(load_config(None, overrides))
     rows = list(read_jsonl(out_dir / "metrics.jsonl"))
@@ -158,6 +162,9 @@ def run_check(mode: str) -> dict:
 
 
 if __name__ == "__main__":
-    mode = sys.argv[1]
-    result = engine_check() if mode == "engine" else run_check(mode)
-    print(json.dumps(result))
+    results = {}
+    for mode in sys.argv[1:]:  # several modes run one after the other in this process
+        t0 = time.perf_counter()
+        results[mode] = engine_check() if mode == "engine" else run_check(mode)
+        results[mode]["wall_s"] = time.perf_counter() - t0
+    print(json.dumps(results))
