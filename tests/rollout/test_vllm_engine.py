@@ -119,3 +119,13 @@ def _assert_short_run(r: dict, updates: int) -> None:
 @needs_env
 def test_a_sync_run_with_the_vllm_engine(results):
     _assert_short_run(results["sync"], updates=4)
+
+
+def test_rollout_device_with_the_vllm_engine_is_refused():
+    from vespo.config import ConfigError, load_config
+    from vespo.trainer.run import make_engine
+
+    tok = build_char_tokenizer()
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.device=cpu"])
+    with pytest.raises(ConfigError, match=r"rollout.device=cpu acts on the HF engine only"):
+        make_engine(cfg, tiny_model("qwen3", "xs", tokenizer=tok), tok)
