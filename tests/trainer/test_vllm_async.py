@@ -20,3 +20,11 @@ def test_an_async_run_with_a_vllm_rollout_worker():
     """sync_every=1 and max_staleness=0: every mini-batch is sampled by the weights just pushed to the worker's
     engine, so its behaviour log-probs equal the learner's recompute to rounding (a stale engine would not)."""
     _tests._assert_short_run(_tests.run_check("async")["async"], updates=4)
+
+
+@pytest.mark.slow
+@_tests.needs_env
+def test_an_async_run_on_the_real_model_with_a_vllm_rollout_worker():
+    r = _tests.run_check("real_async", timeout=1800)["real_async"]
+    assert r["status"] == "done" and r["version"] == 2 and r["weights_moved"] > 0 and r["checkpoints"]
+    assert r["mismatch_max"] and max(r["mismatch_max"]) < _tests.REAL_SAME, r["mismatch_max"]
