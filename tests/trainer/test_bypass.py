@@ -48,17 +48,6 @@ def test_decoupled_ppo_reads_each_rows_lag_in_a_real_run(make_cfg):
     assert steps["decoupled"]["optim/grad_norm"] != steps["ppo"]["optim/grad_norm"]
 
 
-def test_icepop_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio(make_cfg):
-    """IcePop weighs by pi_old / pi_rollout; with mu = the engine's log-probs there is no pi_old (verl's bypass
-    PPO-clip drops IcePop: plain PPO), so a loss with its own ratio refuses it; verl's bypass REINFORCE keeps it."""
-    icepop = "loss.options={rollout_correction: {mode: icepop}}"
-    with pytest.raises(ConfigError, match="mode=icepop cannot act with mu = the engine's log-probs"):
-        make_cfg("staleness.behavior=rollout", "loss.name=grpo", icepop)
-    make_cfg("staleness.behavior=recompute", "loss.name=grpo", icepop)
-    make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
-             "loss.options={is_level: none, rollout_correction: {mode: icepop}}")
-
-
 def test_help_config_says_which_correction_applies_when(capsys):
     from vespo.trainer.cli import main
 

@@ -23,7 +23,7 @@ from vespo.losses.aggregation import NORM_AGG, check_agg_mode, token_weights
 from vespo.losses.diagnostics import Rows, base_rows, summarize, token_counts
 from vespo.losses.inputs import LossInputs
 from vespo.losses.opsm import opsm_keep
-from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_ICEPOP, BYPASS_TRUNCATION, TRUNCATING,
+from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_TRUNCATION, TRUNCATING,
                                               RolloutCorrection, correction_weight, truncated)
 
 
@@ -86,8 +86,6 @@ class BaseLossConfig:
         """Why this config cannot run with mu = the engine's log-probs (bypass mode), or None if it can."""
         if self.weighs_by_ratio and self.rollout_correction.mode in TRUNCATING:
             return BYPASS_TRUNCATION.format(mode=self.rollout_correction.mode)
-        if self.weighs_by_ratio and self.rollout_correction.mode == "icepop":
-            return BYPASS_ICEPOP
         if self.weighs_by_ratio and self.rollout_correction.batch_normalize:
             return BYPASS_BATCH_NORMALIZE
         return None

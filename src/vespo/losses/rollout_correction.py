@@ -30,9 +30,9 @@ Where the ratio comes from (``LossInputs.bypass``):
     bypass      mu = the engine's own log-probs (verl's bypass mode): rho = pi_theta / pi_rollout, detached.
                 A loss whose own ratio pi_theta / mu is already that weight (every loss but reinforce with
                 is_level=none) takes only the rejection part, as verl's bypass PPO-clip does; tis_*, which
-                has none, is refused (:data:`BYPASS_TRUNCATION`), and so is icepop (:data:`BYPASS_ICEPOP`):
-                verl's bypass PPO-clip drops IcePop's weights (plain PPO), and the paper's ratio is the
-                engines' at theta_old, pi_old / pi_rollout, which bypass mode does not compute. reinforce with
+                has none, is refused (:data:`BYPASS_TRUNCATION`). icepop there rejects on pi_theta / pi_rollout:
+                neither verl's bypass PPO-clip (which drops IcePop: plain PPO) nor the paper's IcePop (pi_old /
+                pi_rollout); the lab's grpo_bypass_icepop rows measured this form (docs/losses.md). reinforce with
                 is_level=none takes the whole weight (verl's bypass REINFORCE, IcePop included).
 
 Weights are detached. Every loss but VESPO multiplies its per-token loss by w (vespo.losses.base.finish);
@@ -73,13 +73,6 @@ BYPASS_BATCH_NORMALIZE = (
     "with is_level=none"
 )
 NORMALIZABLE: tuple[str, ...] = ("tis_token", "tis_seq", "mis_token", "mis_seq", "icepop")  # importance weights
-BYPASS_ICEPOP = (
-    "rollout_correction.mode=icepop cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
-    "verl's bypass mode) on a loss with its own ratio: IcePop is an importance weight of pi_old / pi_rollout, and "
-    "here there is no pi_old (verl's bypass PPO-clip drops it: plain PPO); use staleness.behavior=recompute for "
-    "IcePop (verl's decoupled preset), a rejection mode (mis_token, mis_seq, geo_mask), or loss reinforce with "
-    "is_level=none (verl's bypass REINFORCE with IcePop)"
-)
 
 
 @dataclass
@@ -208,10 +201,8 @@ def _weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, re
     if cfg.mode == "reject":
         return reject_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
     if cfg.mode == "icepop":
-        if rejection_only:
-            raise ValueError(BYPASS_ICEPOP)
         log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        return torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
+        return keep.to(mask_f.dtype) if rejection_only else torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
     log_rho = _log_rho(rollout_d, cfg, rejection_only)
     if log_rho is None:
         return None
@@ -238,10 +229,9 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
         log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
         return log_w * mask_f if cfg.reject_by.startswith("token") else log_w
     if cfg.mode == "icepop":
-        if rejection_only:
-            raise ValueError(BYPASS_ICEPOP)
         log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
+        kept = torch.zeros_like(log_rho) if rejection_only else log_rho  # bypass: the rejection part alone
+        log_w = torch.where(keep, kept, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
     else:
         log_rho = _log_rho(rollout_d, cfg, rejection_only)
         if log_rho is None:
