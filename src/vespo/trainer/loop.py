@@ -207,6 +207,16 @@ class Loop:
 
     # ------------------------------------------------------------ the run
 
+
+    @property
+    def step(self) -> int:
+        """Rollout steps done: every N = staleness.n updates are one (a metrics row, the unit of run.steps)."""
+        return self.updates_done // self.n
+
+    @property
+    def at_step_end(self) -> bool:
+        """The updates done end a rollout step (its row is due)."""
+        return self.updates_done % self.n == 0
     def fit(self, resume: bool, checkpoint: Path | None = None) -> dict:
         """Train the run (from ``checkpoint`` when given; ``resume`` without one: a run directory that holds no
         run yet) to its end, or until Ctrl-C or ``until`` stops it."""
@@ -253,16 +263,16 @@ class Loop:
         shown = self.cfg.run.progress and self.dist.is_main
         plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
         with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
-            task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.updates_done // self.n,
+            task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.step,
                                 status="")
             window, t_step = StepWindow(), time.perf_counter()
             while self.updates_done < self.total:
                 self.train_one(window)
-                if self.updates_done % self.n:
+                if not self.at_step_end:
                     continue
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
-                step = self.updates_done // self.n
+                step = self.step
                 if plain and (step % plain_every(self.cfg.steps) == 0 or step == self.cfg.steps):
                     console.print(step_line(step, self.cfg.steps, row), markup=False, highlight=False)
                 window, t_step = StepWindow(), time.perf_counter()
@@ -291,7 +301,7 @@ class Loop:
 
     def end_step(self, runlog: RunLog, window: StepWindow, seconds: float) -> dict:
         """Reduce the step's metrics once, log them (and samples), evaluate and checkpoint on schedule."""
-        step = self.updates_done // self.n
+        step = self.step
         row = window.metrics(self.source.max_lag, self.dist)
         tokens = row.get("rollout/n_tokens", 0.0)
         row.update({"policy/version": float(self.learner.version), "perf/step_s": seconds,
@@ -347,9 +357,9 @@ class Loop:
         return json.loads(path.read_text())
 
     def checkpoint(self) -> Path:
-        extra = {"step": self.updates_done // self.n, "updates": self.updates_done,
+        extra = {"step": self.step, "updates": self.updates_done,
                  "source": self.source.state_dict(), "seconds": self.seconds()}
-        path = self.learner.save_checkpoint(self.cfg.run.out_dir, self.updates_done // self.n, extra,
+        path = self.learner.save_checkpoint(self.cfg.run.out_dir, self.step, extra,
                                             to_dict(self.cfg))
         self.checkpointed_at = self.updates_done
         return path
@@ -388,7 +398,7 @@ class Loop:
             "run_dir": str(Path(cfg.run.out_dir).resolve()),
             "loss": cfg.loss.name,
             "staleness_n": cfg.staleness.n,
-            "steps_done": self.updates_done // self.n,
+            "steps_done": self.step,
             "updates_done": self.updates_done,
             "policy_version": self.learner.version,
             "eval_before": before,
