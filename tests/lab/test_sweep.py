@@ -222,6 +222,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
     assert json.loads((job.run_dir / "summary.json").read_text())["status"] == "done"
     steps = [json.loads(line)["step"] for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps and steps == sorted(set(steps))  # one run's rows, once each
+    assert [p.name for p in (job.run_dir / "restarted").glob("*/*")] == ["metrics.jsonl"]  # moved, not deleted
 
 
 @pytest.mark.slow  # ~2-3 min on a 2-core CI machine (a Ray cluster and two real runs); planning, resuming and the

@@ -78,7 +78,7 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
         with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
             job.run_dir.mkdir(parents=True, exist_ok=True)
             if job.action == "resume":
-                _forget_uncheckpointed(job.run_dir)
+                _set_aside_uncheckpointed(job.run_dir)
             print(f"  {job.action:<7} {job.point.name}", flush=True)
             started = time.time()
             _write_lab(job, {"status": "running", "started": started})
@@ -100,14 +100,21 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
         return sum(pool.map(one, pending))
 
 
-def _forget_uncheckpointed(run_dir: Path) -> None:
+def _set_aside_uncheckpointed(run_dir: Path) -> None:
     """A run of the sweep killed before its first checkpoint has nothing to resume from, and `vespo train
     --resume` refuses to start a run directory with rows over: the sweep, which owns the directory, starts
-    the run over itself (the rows are redone bit for bit)."""
+    the run over itself (the rows are redone bit for bit). The old files are moved to
+    RUN_DIR/restarted/<time>/, never deleted."""
     if any((run_dir / "checkpoints").glob("step-*")):
         return
-    for name in ("metrics.jsonl", "samples.jsonl", "eval_before.json"):
-        (run_dir / name).unlink(missing_ok=True)
+    old = [run_dir / name for name in ("metrics.jsonl", "samples.jsonl", "eval_before.json")]
+    if not any(path.exists() for path in old):
+        return
+    aside = run_dir / "restarted" / time.strftime("%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    for path in old:
+        if path.exists():
+            path.replace(aside / path.name)
 
 
 def _write_lab(job: Job, extra: dict) -> None:
