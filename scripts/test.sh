@@ -3,6 +3,9 @@
 # Usage: bash scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# free disk where the environments and pytest's temporary directories go: a full disk fails tests far from its cause
+disk() { df -Ph . "${TMPDIR:-/tmp}" | awk -v when="$1" 'NR > 1 { print "test.sh: disk " when ": " $4 " free on " $6 }'; }
+disk "before setup"
 # Both environments are built from their locks (locks/main.txt, locks/verl.txt: the exact versions the
 # suite passed on; scripts/setup_env.sh), and return at once when built before. verl pins an older
 # transformers, so its integration test runs in its own venv: built in the background while the main
@@ -34,6 +37,7 @@ else
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
   PARALLEL=()
 fi
+disk "before the tests"
 set +e
 python -m pytest -q "${PARALLEL[@]}" "$@"
 rc=$?
@@ -48,4 +52,5 @@ if [ -n "$floor_pid" ]; then
   set -e
   [ "$rc" -ne 0 ] || rc=$floor_rc
 fi
+disk "after the tests"
 exit $rc
