@@ -71,11 +71,14 @@ def test_bad_config_values_name_the_field(tmp_path, override, names):
     assert_one_line(done, "train", *names)
 
 
-def test_a_correction_that_cannot_act_is_refused(tmp_path):
-    """mu = the engine's log-probs: GRPO's ratio already is pi/pi_rollout, so a truncation on top is refused."""
+@pytest.mark.parametrize("mode", ["tis_token", "icepop"])
+def test_a_correction_that_cannot_act_is_refused(tmp_path, mode):
+    """mu = the engine's log-probs: GRPO's ratio already is pi/pi_rollout, so a truncation on top is refused, and
+    IcePop's ratio pi_old/pi_rollout has no pi_old there."""
     done = vespo("train", *FAST, "staleness.behavior=rollout", "loss.name=grpo",
-                 "loss.options={rollout_correction: {mode: tis_token}}", f"run.out_dir={tmp_path / 'r'}")
-    assert_one_line(done, "train", "loss.options", "tis_token", "cannot act with mu = the engine's log-probs")
+                 f"loss.options={{rollout_correction: {{mode: {mode}}}}}", f"run.out_dir={tmp_path / 'r'}")
+    assert_one_line(done, "train", "loss.options", f"rollout_correction.mode={mode}", "staleness.behavior",
+                    "cannot act with mu = the engine's log-probs")
 
 
 def test_a_bad_reward_import_path_names_the_path(tmp_path):

@@ -163,7 +163,7 @@ class LossConfig(Section):
     """options of that loss's own config, e.g. {k_pos: 2.0, length_norm: sqrt}, validated into it once (then
     cfg.loss.options is e.g. a VespoConfig); rollout_correction: {mode: ...} acts on pi_old/pi_rollout with mu
     recomputed and, with mu = the engine's log-probs (behavior rollout), as its rejection part on pi/pi_rollout
-    (tis_* refused there but for reinforce with is_level=none); opsm_delta masks A < 0 sequences whose mean
+    (tis_* and icepop refused there but for reinforce with is_level=none); opsm_delta masks A < 0 sequences whose mean
     log(mu/pi) > delta (docs/losses.md)"""
 
     @cached_property

@@ -132,10 +132,10 @@ def _raw_correction_weights(source, mask, rc):
         if rc.mode.endswith("_seq"):
             log_rhos = [sum(log_rhos)] * T
         for t in range(T):
-            if rc.mode == "icepop":
+            if rc.mode == "icepop":  # rho = pi_old / pi_rollout: bypass mode has no pi_old
+                assert not source.rejection_only, "icepop in bypass mode is refused"
                 rho = math.exp(min(max(log_rhos[t], -20.0), 20.0))
-                inside = rc.icepop_low <= rho <= rc.icepop_high
-                out[i][t] = (1.0 if source.rejection_only else rho) if inside else 0.0
+                out[i][t] = rho if rc.icepop_low <= rho <= rc.icepop_high else 0.0
                 continue
             rho = math.exp(min(log_rhos[t], 700.0))
             if rc.mode.startswith("tis"):
@@ -173,8 +173,9 @@ def _raw_correction_log_w(source, mask, rc, i):
     total = 0.0
     for x in log_rhos:
         if rc.mode == "icepop":
+            assert not source.rejection_only, "icepop in bypass mode is refused"
             x = min(max(x, -20.0), 20.0)
-            x = (0.0 if source.rejection_only else x) if rc.icepop_low <= math.exp(x) <= rc.icepop_high else LOG_W_MIN
+            x = x if rc.icepop_low <= math.exp(x) <= rc.icepop_high else LOG_W_MIN
         elif rc.mode.startswith("tis"):
             assert not source.rejection_only, "tis_* in bypass mode is refused"
             x = min(x, log_c)

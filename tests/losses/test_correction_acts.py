@@ -57,7 +57,8 @@ def test_every_correction_acts_or_is_refused(name, overrides, correction, bypass
         with pytest.raises(ValueError, match="cannot act with mu = the engine's log-probs"):
             grad(name, cfg, batch, bypass)
         return
-    assert refusal is None or correction.startswith("tis")  # only truncations are ever refused, and only here
+    # only truncations and IcePop (whose pi_old / pi_rollout bypass mode cannot form) are refused, and only here
+    assert refusal is None or correction.startswith("tis") or correction == "icepop"
     out, g = grad(name, cfg, batch, bypass)
     _, plain = grad(name, spec.config_cls(**overrides), batch, bypass)
     assert (g - plain).abs().max() > 1e-6, "the correction did not change the update"

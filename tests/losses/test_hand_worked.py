@@ -259,6 +259,48 @@ def test_bypass_mode_weighs_by_pi_theta_over_pi_rollout_by_hand():
         call_loss(spec, logp, engine, torch.ones(1, dtype=torch.float64), MASK, spec.config_cls(**tis), bypass=True)
 
 
+def test_icepop_masks_on_pi_old_over_pi_rollout_not_on_pi_theta_by_hand():
+    # The paper's IcePop: the band is on the two engines' ratio at theta_old, pi_old / pi_rollout, never on
+    # pi_theta. log(pi_old / pi_rollout) = 0.8, 0, -0.8 (rho = 2.225540928492468, 1, 0.44932896411722156) while
+    # pi_theta has moved so that pi_theta / pi_rollout = e^2, e^0, e^0 (the first token outside [0.5, 5], the
+    # third inside): the mask still keeps tokens 1-2 and zeroes token 3. grpo (eps 0.2, dual clip 3), A = +1,
+    # token-mean over 3: r = pi_theta / pi_old = e^1.2, 1, e^0.8; tokens 1 and 3 are clipped at 1.2 (no
+    # gradient), token 2 is r = 1: loss = -(2.225540928492468 * 1.2 + 1 * 1 + 0 * 1.2) / 3, gradient (0, -1/3, 0)
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    rollout = logp.detach() - torch.tensor([[2.0, 0.0, 0.0]], dtype=torch.float64)
+    old = rollout + torch.tensor([[0.8, 0.0, -0.8]], dtype=torch.float64)
+    spec = get_loss("grpo")
+    out = call_loss(spec, logp, old, torch.ones(1, dtype=torch.float64), MASK,
+                    spec.config_cls(rollout_correction={"mode": "icepop"}), rollout_logp=rollout)
+    grad = torch.autograd.grad(out.loss, logp)[0]
+    assert out.loss.item() == pytest.approx(-(2.225540928492468 * 1.2 + 1.0) / 3, rel=1e-12)
+    assert grad.tolist()[0] == pytest.approx([0.0, -1 / 3, 0.0], abs=1e-15)
+    assert out.metrics["rollout/masked_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_icepop_with_mu_from_the_engine_is_refused_on_a_loss_with_its_own_ratio():
+    # mu = pi_rollout (bypass mode) leaves no pi_old: IcePop's ratio pi_old / pi_rollout cannot be formed. verl's
+    # bypass PPO-clip then drops IcePop (plain PPO); vespo refuses it with one line naming the fields. reinforce
+    # with is_level=none has no ratio of its own and takes IcePop's whole weight of pi_theta / pi_rollout (verl's
+    # bypass REINFORCE): e^0.5, e^0.2 kept, e^-0.9 = 0.4065696597405991 < 0.5 zeroed
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    engine = logp.detach() - torch.tensor([[0.5, 0.2, -0.9]], dtype=torch.float64)
+    icepop = {"rollout_correction": {"mode": "icepop"}}
+    for name in ("grpo", "vespo", "reinforce"):
+        spec = get_loss(name)
+        refusal = spec.config_cls(**icepop).bypass_refusal()
+        assert refusal is not None and "\n" not in refusal
+        for words in ("rollout_correction.mode=icepop", "staleness.behavior=rollout", "pi_old / pi_rollout",
+                      "staleness.behavior=recompute", "is_level=none"):
+            assert words in refusal, (name, words)
+        with pytest.raises(ValueError, match="cannot act with mu = the engine's log-probs"):
+            call_loss(spec, logp, engine, torch.ones(1, dtype=torch.float64), MASK, spec.config_cls(**icepop),
+                      bypass=True)
+    out, grad = reinforce_none(logp, engine, 1.0, options=icepop, bypass=True)
+    assert grad.tolist()[0] == pytest.approx([-math.exp(0.5) / 3, -math.exp(0.2) / 3, 0.0], rel=1e-12)
+    assert out.metrics["rollout/masked_frac"].item() == pytest.approx(1 / 3)
+
+
 def test_prime_rl_loss_by_hand():
     # token 1: pi = 0.5, mu = 0.2: dp = 0.3 > 0.2 with A = +1, outside: only the penalty
     #          l = 1e-3 (log 2.5)^2 = 8.395887053765e-4, d l / d logp = 2e-3 log 2.5 = 1.8325814637483e-3

@@ -107,7 +107,7 @@ def test_rollout_correction_matches_reference(name, mode):
 @pytest.mark.parametrize("mode", sorted(CORRECTIONS))
 def test_bypass_mode_correction_matches_reference(name, mode):
     """mu = the engine's log-probs (verl's bypass mode): the correction's ratio is pi_theta / pi_rollout and, for a
-    loss with a ratio of its own, only its rejection part applies; a truncation there is refused."""
+    loss with a ratio of its own, only its rejection part applies; a truncation or IcePop there is refused."""
     for seed in range(3):
         batch = make_batch(scale=0.2, seed=seed)
         for overrides in ([{}, {"is_level": "none"}] if name == "reinforce" else [{}]):

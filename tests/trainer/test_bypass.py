@@ -36,6 +36,22 @@ def test_a_truncation_under_mu_from_the_engine_is_refused_unless_the_loss_has_no
              "loss.options={is_level: none, rollout_correction: {mode: tis_token}}")  # verl's bypass REINFORCE
 
 
+@pytest.mark.parametrize("loss", ["grpo", "vespo"])
+def test_icepop_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio(make_cfg, loss):
+    """IcePop weighs by pi_old / pi_rollout; with mu = the engine's log-probs there is no pi_old (verl's bypass
+    PPO-clip drops IcePop there), so the config is refused naming the fields; with mu recomputed it is the paper's
+    IcePop, and reinforce with is_level=none takes its whole weight (verl's bypass REINFORCE)."""
+    icepop = "loss.options={rollout_correction: {mode: icepop}}"
+    with pytest.raises(ConfigError, match=r"rollout_correction.mode=icepop cannot act with mu = the engine's log-probs "
+                                          r"\(staleness.behavior=rollout"):
+        make_cfg("staleness.behavior=rollout", f"loss.name={loss}", icepop)
+    with pytest.raises(ConfigError, match="rollout_correction.mode=icepop cannot act"):
+        make_cfg("run.mode=async", f"loss.name={loss}", icepop)  # async: mu is the engine's (behavior auto)
+    make_cfg("staleness.behavior=recompute", f"loss.name={loss}", icepop)
+    make_cfg("staleness.behavior=rollout", "loss.name=reinforce",
+             "loss.options={is_level: none, rollout_correction: {mode: icepop}}")
+
+
 def test_decoupled_ppo_reads_each_rows_lag_in_a_real_run(make_cfg):
     """decoupled_ppo's pi_prox interpolates by each row's lag, which the learner passes: its second update (lag 1)
     differs from PPO on pi / mu (GRPO without the dual clip, what it is at lag 0) on the same samples."""
@@ -63,6 +79,6 @@ def test_help_config_says_which_correction_applies_when(capsys):
             help_of[name] = line
     assert "(one of: auto, recompute, rollout)" in help_of["staleness.behavior"]
     assert "bypass mode" in help_of["staleness.behavior"] and "pi/pi_rollout" in help_of["staleness.behavior"]
-    for words in ("pi_old/pi_rollout with mu recomputed", "rejection part on pi/pi_rollout", "tis_* refused"):
+    for words in ("pi_old/pi_rollout with mu recomputed", "rejection part on pi/pi_rollout", "tis_* and icepop refused"):
         assert words in help_of["loss.options"]
     assert "exactly 1 at staleness.n=1" in help_of["optim.ess_against"]

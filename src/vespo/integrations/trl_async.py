@@ -14,7 +14,8 @@ Behaviour log-probs: the async trainer never recomputes π_old. Each trained tok
 (vLLM's `/v1/completions` `logprobs.token_logprobs`, carried through `RolloutSample.old_log_probs`
 and the packer), so μ is the sampler's own distribution: the loss runs in vespo's bypass mode
 (`prepare_inputs(..., bypass=True)`: μ = π_rollout; a rollout correction can only reject, on
-π_θ/π_rollout, and a truncating one is refused when the trainer is built).
+π_θ/π_rollout, and a truncating one or IcePop, whose π_old/π_rollout has no π_old here, is refused
+when the trainer is built).
 
 Layout: the trainer forwards one packed row per rank (a prefix tree of its samples) and selects
 the M trained tokens (`token_index`), each tagged with its sample (`segment_id`); the loss unpacks

@@ -23,8 +23,8 @@ from vespo.losses.aggregation import NORM_AGG, check_agg_mode, token_weights
 from vespo.losses.diagnostics import Rows, base_rows, summarize, token_counts
 from vespo.losses.inputs import LossInputs
 from vespo.losses.opsm import opsm_keep
-from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_TRUNCATION, TRUNCATING,
-                                              RolloutCorrection, correction_weight, truncated)
+from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_ICEPOP, BYPASS_TRUNCATION,
+                                              TRUNCATING, RolloutCorrection, correction_weight, truncated)
 
 
 @dataclass
@@ -86,6 +86,8 @@ class BaseLossConfig:
         """Why this config cannot run with mu = the engine's log-probs (bypass mode), or None if it can."""
         if self.weighs_by_ratio and self.rollout_correction.mode in TRUNCATING:
             return BYPASS_TRUNCATION.format(mode=self.rollout_correction.mode)
+        if self.weighs_by_ratio and self.rollout_correction.mode == "icepop":
+            return BYPASS_ICEPOP
         if self.weighs_by_ratio and self.rollout_correction.batch_normalize:
             return BYPASS_BATCH_NORMALIZE
         return None
@@ -180,7 +182,7 @@ def correction_rows(weight: Tensor | None, x: LossInputs, cfg: BaseLossConfig) -
 def rollout_weight(x: LossInputs, cfg: BaseLossConfig) -> Tensor | None:
     """The detached rollout-correction weight ([B, T] or [B, 1]; None for mode none): of pi_old / pi_rollout,
     or in bypass mode the rejection part of pi_theta / pi_rollout (the whole weight for a loss without a ratio
-    of its own). A truncation in bypass mode raises (``BaseLossConfig.bypass_refusal``)."""
+    of its own). A truncation or IcePop in bypass mode raises (``BaseLossConfig.bypass_refusal``)."""
     return correction_weight(x.rollout_d, x.mask_f, cfg.rollout_correction, rejection_only=bypass_rejects(x, cfg))
 
 

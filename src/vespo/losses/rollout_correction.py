@@ -30,10 +30,11 @@ Where the ratio comes from (``LossInputs.bypass``):
     bypass      mu = the engine's own log-probs (verl's bypass mode): rho = pi_theta / pi_rollout, detached.
                 A loss whose own ratio pi_theta / mu is already that weight (every loss but reinforce with
                 is_level=none) takes only the rejection part, as verl's bypass PPO-clip does; tis_*, which
-                has none, is refused (:data:`BYPASS_TRUNCATION`). icepop there rejects on pi_theta / pi_rollout:
-                neither verl's bypass PPO-clip (which drops IcePop: plain PPO) nor the paper's IcePop (pi_old /
-                pi_rollout); the lab's grpo_bypass_icepop rows measured this form (docs/losses.md). reinforce with
-                is_level=none takes the whole weight (verl's bypass REINFORCE, IcePop included).
+                has none, is refused (:data:`BYPASS_TRUNCATION`). icepop is refused there too
+                (:data:`BYPASS_ICEPOP`): its ratio is pi_old / pi_rollout (the paper: the two engines at theta_old)
+                and bypass mode has no pi_old; verl's bypass PPO-clip drops IcePop (plain PPO), so a band on
+                pi_theta / pi_rollout would be neither method. reinforce with is_level=none takes the whole weight
+                (verl's bypass REINFORCE, IcePop included).
 
 Weights are detached. Every loss but VESPO multiplies its per-token loss by w (vespo.losses.base.finish);
 VESPO adds log w to its sequence log-weight log W instead (as the VESPO paper does), so a masked token
@@ -66,6 +67,13 @@ BYPASS_TRUNCATION = (
     "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, icepop), "
     "or loss reinforce with is_level=none (verl's bypass REINFORCE)"
 )
+BYPASS_ICEPOP = (
+    "rollout_correction.mode=icepop cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
+    "verl's bypass mode) on a loss with its own ratio: IcePop weighs by pi_old / pi_rollout, the two engines' ratio "
+    "at the weights that sampled the batch, and with mu = pi_rollout there is no pi_old (verl's bypass PPO-clip "
+    "drops IcePop: plain PPO); use staleness.behavior=recompute in sync mode (the paper's IcePop, verl's "
+    "decoupled_token_icepop), or loss reinforce with is_level=none (verl's bypass REINFORCE with IcePop)"
+)
 BYPASS_BATCH_NORMALIZE = (
     "rollout_correction.batch_normalize cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
     "verl's bypass mode) on a loss with its own ratio: only the rejection part of the weight applies there, and a "
@@ -83,7 +91,7 @@ class RolloutCorrection:
     """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence) |
     geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high]) | icepop (zero a
     token's weight outside [icepop_low, icepop_high]). With mu = the engine's log-probs the ratio is
-    pi_theta / pi_rollout and only the rejection part acts (module docstring)."""
+    pi_theta / pi_rollout and only the rejection part acts; tis_* and icepop are refused there (module docstring)."""
     threshold: float = 2.0
     """C: weights above it are truncated to C (tis_*) or masked to 0 (mis_*); must be > 0."""
     geo_low: float = 0.99
@@ -171,7 +179,8 @@ def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorr
 
     ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding
     then gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection
-    part alone (bypass mode, module docstring); tis_* then raises (:data:`BYPASS_TRUNCATION`).
+    part alone (bypass mode, module docstring); tis_* and icepop then raise (:data:`BYPASS_TRUNCATION`,
+    :data:`BYPASS_ICEPOP`).
     With ``cfg.batch_normalize`` the weights are divided by their mean over the call (:func:`batch_mean`).
     """
     weight = _weight(rollout_d, mask_f, cfg, rejection_only)
@@ -201,8 +210,8 @@ def _weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, re
     if cfg.mode == "reject":
         return reject_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
     if cfg.mode == "icepop":
-        log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        return keep.to(mask_f.dtype) if rejection_only else torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
+        log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]
+        return torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
     log_rho = _log_rho(rollout_d, cfg, rejection_only)
     if log_rho is None:
         return None
@@ -229,9 +238,8 @@ def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: Rollout
         log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
         return log_w * mask_f if cfg.reject_by.startswith("token") else log_w
     if cfg.mode == "icepop":
-        log_rho, keep = icepop_keep(rollout_d, cfg)  # [B, T]
-        kept = torch.zeros_like(log_rho) if rejection_only else log_rho  # bypass: the rejection part alone
-        log_w = torch.where(keep, kept, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
+        log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]
+        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
     else:
         log_rho = _log_rho(rollout_d, cfg, rejection_only)
         if log_rho is None:
@@ -301,9 +309,13 @@ def reject_keep(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection
 
 
 @torch.no_grad()
-def icepop_keep(rollout_d: Tensor | None, cfg: RolloutCorrection) -> tuple[Tensor, Tensor]:
+def icepop_keep(rollout_d: Tensor | None, cfg: RolloutCorrection,
+                rejection_only: bool = False) -> tuple[Tensor, Tensor]:
     """icepop: clamp(log rho_t, +-20) [B, T] and whether icepop_low <= exp(that) <= icepop_high [B, T] (verl
-    compares the ratio itself with the band)."""
+    compares the ratio itself with the band). ``rejection_only`` (bypass mode on a loss with its own ratio)
+    raises :data:`BYPASS_ICEPOP`: rho is pi_old / pi_rollout, which that mode cannot form."""
+    if rejection_only:
+        raise ValueError(BYPASS_ICEPOP)
     _require(rollout_d, cfg)
     log_rho = (-rollout_d.detach()).clamp(-ICEPOP_LOG_CLAMP, ICEPOP_LOG_CLAMP)  # [B, T], 0 on padding
     rho = log_rho.exp()
