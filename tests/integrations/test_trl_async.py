@@ -359,9 +359,13 @@ def test_unpack_lays_out_samples_in_order():
 
 
 def test_truncating_rollout_correction_is_refused(tmp_path, model_dir):
-    """μ is the sampler's log-probs, so a truncating correction (tis_*) has nothing to correct: refused when built."""
+    """μ is the sampler's log-probs, so a truncating correction (tis_*) has nothing to correct, and IcePop's
+    π_old/π_rollout has no π_old: both refused when built."""
     config = get_loss("vespo").config_cls(rollout_correction={"mode": "tis_token", "threshold": 2.0})
     with pytest.raises(ValueError, match="loss_config: .*tis_token"):
+        make_trainer(tmp_path, model_dir, loss_config=config)
+    config = get_loss("vespo").config_cls(rollout_correction={"mode": "icepop"})
+    with pytest.raises(ValueError, match="loss_config: .*rollout_correction.mode=icepop cannot act"):
         make_trainer(tmp_path, model_dir, loss_config=config)
     with pytest.raises(TypeError, match="loss_config for loss 'vespo' must be a VespoConfig"):
         make_trainer(tmp_path, model_dir, loss_config=get_loss("grpo").config_cls())

@@ -115,7 +115,7 @@ def test_icepop_and_bypass_mode_equal_verls(result):
     """IcePop's weights and a GRPO loss with them equal verl's; with mu = the engine's log-probs, vespo's
     reinforce (is_level=none) with token TIS or IcePop and GRPO with geo_mask equal verl's bypass mode, and the
     correction acted on those batches. verl's bypass PPO-clip with IcePop drops the IS weights (plain PPO), which
-    vespo's GRPO with no correction equals."""
+    vespo's GRPO with no correction equals (vespo refuses IcePop there: it cannot act)."""
     r = result["icepop_bypass"]
     assert r["icepop_weight_diff"] < 1e-12 and 0 < r["icepop_zeroed"] < r["tokens"]
     assert r["decoupled_grpo_icepop_diff"] < 1e-12

@@ -18,7 +18,8 @@
    verl's mask.
 8. vespo's icepop equals verl's IcePop (rollout_is=token, "0.5_5.0") weight for weight and, on GRPO, loss for
    loss; with mu = the engine's log-probs vespo equals verl's bypass mode (REINFORCE with token TIS or IcePop,
-   PPO-clip with Geo-RS; PPO-clip with IcePop is plain PPO in verl, whose IS weights are then metrics only).
+   PPO-clip with Geo-RS; PPO-clip with IcePop is plain PPO in verl, whose IS weights are then metrics only, and
+   vespo refuses that setting, which cannot act).
 7. Every metric verl logs is the mini-batch's whatever the micro-batching: one mini-batch in one call and
    in four micro-batches, their metrics combined as verl combines them (`Metric` with MEAN over the
    calls that report a key, as `ppo_loss` wraps policy-loss metrics), give the same values.
@@ -313,7 +314,7 @@ BYPASS_CASES = {  # verl's bypass-mode rollout_correction -> vespo's (loss, opti
     "reinforce_icepop": ({"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
                          ("reinforce", {"is_level": "none", "rollout_correction": {"mode": "icepop"}})),
     "ppo_clip_icepop": ({"loss_type": "ppo_clip", "rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
-                        None),  # verl: IS weights are metrics only, so this is plain PPO; vespo keeps the rejection
+                        None),  # verl: IS weights are metrics only, so this is plain PPO; vespo refuses IcePop there
     "ppo_clip_geo_rs": ({"loss_type": "ppo_clip", "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.2"},
                         ("grpo", {"rollout_correction": {"mode": "geo_mask", "geo_low": 1 / 1.2, "geo_high": 1 / 0.9}})),
 }
