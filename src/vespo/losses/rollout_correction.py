@@ -64,7 +64,7 @@ ICEPOP_LOG_CLAMP = 20.0  # verl's SAFETY_BOUND on the token log-ratio before exp
 BYPASS_TRUNCATION = (
     "rollout_correction.mode={mode} cannot act with mu = the engine's log-probs (staleness.behavior=rollout, "
     "verl's bypass mode): the loss's own ratio pi_theta/mu already is pi_theta/pi_rollout, and a truncated "
-    "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, icepop), "
+    "weight on top would count it twice; use a rejection mode (mis_token, mis_seq, geo_mask, reject), "
     "or loss reinforce with is_level=none (verl's bypass REINFORCE)"
 )
 BYPASS_ICEPOP = (
