@@ -23,7 +23,7 @@ def vespo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m vespo.cli ARGS` with VESPO_DEBUG unset unless ``env`` sets it."""
     base = {k: v for k, v in os.environ.items() if k != "VESPO_DEBUG"}
     return subprocess.run([sys.executable, "-m", "vespo.cli", *args], capture_output=True, text=True,
-                          env={**base, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
+                          env={**base, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=1200)
 
 
 def assert_one_line(done: subprocess.CompletedProcess, command: str, *names: str) -> str:
@@ -271,7 +271,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(finished_run, tmp_path):
     base = {k: v for k, v in os.environ.items() if k != "VESPO_DEBUG"}
     done = subprocess.run([sys.executable, "-m", "vespo.cli", "train", "--resume", *FAST, "task.options={digits: 1}",
                            "run.steps=3", f"run.out_dir={out}"], capture_output=True, text=True,
-                          env={**base, "OMP_NUM_THREADS": "1"}, timeout=300, preexec_fn=small_disk)
+                          env={**base, "OMP_NUM_THREADS": "1"}, timeout=1200, preexec_fn=small_disk)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert last.startswith("vespo train: error: no room to write checkpoint") and "step-000003" in last, last

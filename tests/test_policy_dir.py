@@ -84,7 +84,7 @@ def vespo_eval(model: Path, out: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "vespo.cli", "eval", "--model", str(model), "--task", "addition",
                "--task-arg", "digits=1", "--n-problems", "6", "--default-k", "2", "--num-workers", "0",
                "--out", str(out)]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
 
 
 def test_vespo_eval_takes_a_run_directory_or_a_checkpoint(trained_run, tmp_path):

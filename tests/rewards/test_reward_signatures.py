@@ -119,7 +119,7 @@ def vespo_train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "VESPO_DEBUG"}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), source]), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "vespo.cli", "train", *FAST, *overrides], check=False,
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
 
 
 def verl_dataset(tmp_path: Path) -> Path:

@@ -67,7 +67,7 @@ def test_lag_stats_by_hand():
 
 def _async(make_cfg, *overrides, out="run"):
     # a wedged Ray turns into a WorkerError (a test failure) instead of a hang
-    return make_cfg("run.mode=async", "async.chunk_tokens=1", "async.stall_timeout_s=120", *overrides, out=out)
+    return make_cfg("run.mode=async", "async.chunk_tokens=1", "async.stall_timeout_s=600", *overrides, out=out)
 
 
 def _ray_processes() -> list[tuple[psutil.Process, str]]:

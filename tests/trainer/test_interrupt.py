@@ -29,18 +29,18 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_continues(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "vespo.cli", "train", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics.jsonl"
-    deadline = time.time() + 240
+    deadline = time.time() + 900
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.2)
     second = subprocess.run([sys.executable, "-m", "vespo.cli", "train", "--resume", *args], capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=600)
     assert second.returncode == 2 and second.stderr.strip().splitlines() == [
         f"vespo train: error: run directory {out} is in use by another vespo process (pid {proc.pid}); wait for it "
         "to end, or stop it, before running this one"], second.stderr
     assert proc.poll() is None  # the first run went on
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 130, output
     lines = output.splitlines()
     steps = [int(m.group(1)) for m in map(STEP_LINE.match, lines) if m]

@@ -191,7 +191,7 @@ def test_an_async_lora_run_pushes_the_adapters_only(make_cfg, monkeypatch):
         push(self)
         pushed.append(_bytes(ray.get(self.weights_ref)))
 
-    cfg = make_cfg(*LORA, "run.mode=async", "async.chunk_tokens=1", "async.stall_timeout_s=120", "run.steps=2",
+    cfg = make_cfg(*LORA, "run.mode=async", "async.chunk_tokens=1", "async.stall_timeout_s=600", "run.steps=2",
                    "async.sync_every=1", "async.max_staleness=0", "async.workers=1")  # every row at lag 0
     seen = {}
     monkeypatch.setattr(RaySource, "push_weights", measured)  # the real push, and the size of what it put

@@ -76,7 +76,7 @@ def test_a_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path, smollm2):
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "vespo.cli", "train", *RUN, *steps, f"run.out_dir={killed}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
+    deadline = time.time() + 1200
     while time.time() < deadline and latest_checkpoint(killed) is None:
         assert proc.poll() is None
         time.sleep(0.2)
