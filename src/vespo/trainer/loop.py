@@ -41,13 +41,15 @@ from vespo.errors import CheckpointError
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
+from vespo.rundir import CHECKPOINTS, EVAL_BEFORE, METRICS, POLICY, SAMPLES, TB, Stop, write_atomic
 from vespo.trainer.checkpoint import check_resume_config, resume_point
 from vespo.trainer.distributed import Dist
+from vespo.trainer.learner import NonFiniteError
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
 from vespo.trainer.run import Run, build_run, check_installed
 from vespo.trainer.runlog import (GracefulInterrupt, RunLog, check_new_run_dir, console, hold_run_dir, plain_every,
-                                  progress_bar, step_line, write_atomic)
+                                  progress_bar, step_line)
 from vespo.trainer.sources import LocalSource
 from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
 
@@ -126,7 +128,7 @@ def make_on_policy_start(cfg: Config) -> None:
                       + (f" until held-out sampled accuracy >= {target:g}" if target > 0 else "")
                       + f", cached in {marker.parent}")
         summary = train(sub, until=(lambda row: row["eval/reward_sampled"] >= target) if target > 0 else None)
-        shutil.rmtree(Path(sub.run.out_dir) / "checkpoints", ignore_errors=True)  # the policy/ directory is kept
+        shutil.rmtree(Path(sub.run.out_dir) / CHECKPOINTS, ignore_errors=True)  # the policy/ directory is kept
         record = {"updates": summary["updates_done"], "eval": summary["eval_after"],
                   "target_reached": bool(summary.get("target_reached", target == 0)), "seconds": summary["seconds"]}
         write_atomic(marker, json.dumps(record, indent=2))
@@ -225,21 +227,23 @@ class Loop:
         self.updates_done = first
         self.source.start(first)
         before = self._eval_before(runlog, first)
-        self._say(f"run directory {runlog.dir}: metrics.jsonl, samples.jsonl"
+        self._say(f"run directory {runlog.dir}: {METRICS}, {SAMPLES}"
                   + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
-                  + ", tb/, checkpoints/, policy/ at the end"
+                  + f", {TB}/, {CHECKPOINTS}/, {POLICY}/ at the end"
                   + (f"; {self.dist.world} ranks" if self.dist.active else ""))
         self.t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
         except KeyboardInterrupt:  # a second Ctrl-C: no evaluation, the summary says where the run stopped
             self._checkpoint_safely()
-            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt stays in front
-                runlog.write_summary(self.summary(before, {}, "interrupted"))
-            runlog.close()
+            self._stopped(runlog, before, Stop.INTERRUPTED)
             raise
         except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
             runlog.close()
+            raise
+        except NonFiniteError:  # the learner's guard: the summary says why the run stopped
+            self._checkpoint_safely()
+            self._stopped(runlog, before, Stop.NON_FINITE)
             raise
         except BaseException:
             self._checkpoint_safely()
@@ -254,12 +258,18 @@ class Loop:
             print_summary(summary)
         return summary
 
+    def _stopped(self, runlog: RunLog, before: dict, status: str) -> None:
+        """The summary of a run an exception stops (no evaluation after it), and the sinks closed."""
+        with contextlib.suppress(Exception):  # the summary is a courtesy: the exception stays in front
+            runlog.write_summary(self.summary(before, {}, status))
+        runlog.close()
+
     def _say(self, text: str) -> None:
         if self.dist.is_main:
             console.print(text)
 
     def train_steps(self, runlog: RunLog) -> str:
-        """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
+        """Updates until the run is done (Stop.DONE) or Ctrl-C stops it at a rollout step (Stop.INTERRUPTED)."""
         shown = self.cfg.run.progress and self.dist.is_main
         plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
         with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
@@ -278,12 +288,12 @@ class Loop:
                 window, t_step = StepWindow(), time.perf_counter()
                 if self.until is not None and "eval/reward_sampled" in row and self.until(row):
                     self.target_reached = True
-                    return "done"
+                    return Stop.DONE
                 if self.dist.any(stop.requested):  # every rank stops at the same step
                     if self.checkpointed_at != self.updates_done:
                         self.checkpoint()
-                    return "interrupted"
-        return "done"
+                    return Stop.INTERRUPTED
+        return Stop.DONE
 
     def train_one(self, window: StepWindow) -> None:
         """One update on the next item (asking the source for more, and the learner to prepare them, first)."""
@@ -347,7 +357,7 @@ class Loop:
         return result
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
-        path = runlog.dir / "eval_before.json"
+        path = runlog.dir / EVAL_BEFORE
         if first == 0 or not path.exists():
             # a shared on-policy start's evaluation is of these weights on these problems: not made again
             before = (self.run.start_eval or self.evaluate(label="before RL")) if first == 0 else {}
@@ -456,7 +466,7 @@ def print_summary(summary: dict) -> None:
     console.print(table)
     console.print(f"{summary['steps_done']} steps, {summary['policy_version']} updates, "
                   f"{summary['skipped_updates']} skipped, {summary['seconds']:.0f}s; run directory: {summary['run_dir']}"
-                  f"; trained policy: {Path(summary['run_dir']) / 'policy'}")
+                  f"; trained policy: {Path(summary['run_dir']) / POLICY}")
 
 
 def _fmt(x) -> str:

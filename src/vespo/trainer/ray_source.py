@@ -41,6 +41,7 @@ from vespo.errors import UserError
 from vespo.data import PromptStream
 from vespo.models.lora import base_state, has_lora
 from vespo.rollout.base import SamplingParams
+from vespo.rundir import VERSIONS
 from vespo.trainer.producer import PromptBatch, PromptSampler
 from vespo.trainer.protocols import Learner, TrainItem
 from vespo.trainer.run import Run
@@ -289,7 +290,7 @@ class RaySource:
 
     def _open_versions_log(self, first: int) -> None:
         """RUN_DIR/versions.jsonl: per update, the learner version and each row's token versions."""
-        path = Path(self.cfg.run.out_dir) / "versions.jsonl"
+        path = Path(self.cfg.run.out_dir) / VERSIONS
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
         if first > 0 and path.exists():
