@@ -100,7 +100,7 @@ def read_summary(run_dir: str | Path) -> dict:
 
 def write_summary(run_dir: str | Path, summary: dict) -> None:
     if summary.get("status") not in STOPS:
-        raise ValueError(f"a summary's status is one of {', '.join(Stop)}, not {summary.get('status')!r}")
+        raise ValueError(f"a summary's status is one of {', '.join(STOPS)}, not {summary.get('status')!r}")
     write_atomic(Path(run_dir) / SUMMARY, json.dumps(summary, indent=2))
 
 

@@ -124,7 +124,7 @@ def make_on_policy_start(cfg: Config) -> None:
             return
         sub, target = on_policy_config(cfg), cfg.warmstart.target_accuracy
         shutil.rmtree(sub.run.out_dir, ignore_errors=True)  # a start killed part-way runs again
-        console.print(f"on-policy start of seed {cfg.run.seed}: up to {sub.run.updates} updates of VESPO at N = 1"
+        console.print(f"on-policy start of seed {cfg.run.seed}: up to {sub.total_updates} updates of VESPO at N = 1"
                       + (f" until held-out sampled accuracy >= {target:g}" if target > 0 else "")
                       + f", cached in {marker.parent}")
         summary = train(sub, until=(lambda row: row["eval/reward_sampled"] >= target) if target > 0 else None)
@@ -198,8 +198,7 @@ class Loop:
         self.on_update, self.until = on_update, until
         self.target_reached = False
         self.dist = dist or Dist.single()
-        self.n = self.cfg.staleness.n
-        self.total = self.cfg.total_updates
+        self.schedule = run.schedule
         self.updates_done = 0
         self.checkpointed_at = -1  # updates done at the last checkpoint
         self.pending: list[TrainItem] = []  # items handed over by the source and not yet trained
@@ -209,21 +208,21 @@ class Loop:
 
     # ------------------------------------------------------------ the run
 
-
     @property
     def step(self) -> int:
         """Rollout steps done: every N = staleness.n updates are one (a metrics row, the unit of run.steps)."""
-        return self.updates_done // self.n
+        return self.schedule.step(self.updates_done)
 
     @property
     def at_step_end(self) -> bool:
         """The updates done end a rollout step (its row is due)."""
-        return self.updates_done % self.n == 0
+        return self.schedule.ends_step(self.updates_done)
+
     def fit(self, resume: bool, checkpoint: Path | None = None) -> dict:
         """Train the run (from ``checkpoint`` when given; ``resume`` without one: a run directory that holds no
         run yet) to its end, or until Ctrl-C or ``until`` stops it."""
         first = self._resume(checkpoint) if checkpoint is not None else 0
-        runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None, writes=self.dist.is_main)
+        runlog = RunLog(self.cfg, resume_step=self.schedule.step(first) if resume else None, writes=self.dist.is_main)
         self.updates_done = first
         self.source.start(first)
         before = self._eval_before(runlog, first)
@@ -273,18 +272,18 @@ class Loop:
         shown = self.cfg.run.progress and self.dist.is_main
         plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
         with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
-            task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.step,
-                                status="")
+            task = bar.add_task(self.cfg.loss.name, total=self.schedule.steps, completed=self.step, status="")
             window, t_step = StepWindow(), time.perf_counter()
-            while self.updates_done < self.total:
+            while self.updates_done < self.schedule.total:
                 self.train_one(window)
                 if not self.at_step_end:
                     continue
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
                 step = self.step
-                if plain and (step % plain_every(self.cfg.steps) == 0 or step == self.cfg.steps):
-                    console.print(step_line(step, self.cfg.steps, row), markup=False, highlight=False)
+                steps = self.schedule.steps
+                if plain and (step % plain_every(steps) == 0 or step == steps):
+                    console.print(step_line(step, steps, row), markup=False, highlight=False)
                 window, t_step = StepWindow(), time.perf_counter()
                 if self.until is not None and "eval/reward_sampled" in row and self.until(row):
                     self.target_reached = True
@@ -312,7 +311,7 @@ class Loop:
     def end_step(self, runlog: RunLog, window: StepWindow, seconds: float) -> dict:
         """Reduce the step's metrics once, log them (and samples), evaluate and checkpoint on schedule."""
         step = self.step
-        row = window.metrics(self.source.max_lag, self.dist)
+        row = window.metrics(self.schedule.max_lag, self.dist)
         tokens = row.get("rollout/n_tokens", 0.0)
         row.update({"policy/version": float(self.learner.version), "perf/step_s": seconds,
                     "perf/tokens_per_s": tokens / max(seconds, 1e-9)})
@@ -330,7 +329,7 @@ class Loop:
         if run.log_samples_every and step % run.log_samples_every == 0 and window.last is not None:
             runlog.log_samples(step, sample_rows(self.run, *window.last, run.samples_per_log))
         self.history.append(row)
-        if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.total:
+        if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.schedule.total:
             self.checkpoint()
         if run.save_policy_every and step % run.save_policy_every == 0:
             self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
@@ -407,7 +406,7 @@ class Loop:
             "mode": cfg.run.mode,
             "run_dir": str(Path(cfg.run.out_dir).resolve()),
             "loss": cfg.loss.name,
-            "staleness_n": cfg.staleness.n,
+            "staleness_n": self.schedule.n,
             "steps_done": self.step,
             "updates_done": self.updates_done,
             "policy_version": self.learner.version,

@@ -88,9 +88,8 @@ class RaySource:
     def __init__(self, run: Run, learner: Learner):
         self.run, self.cfg, self.learner = run, run.cfg, learner
         self.a = run.cfg.async_
-        self.max_lag = self.a.max_staleness
-        self.bound = StalenessBound(self.a.max_staleness)
-        self.total = run.cfg.total_updates
+        self.bound = StalenessBound(run.schedule.max_lag)
+        self.total = run.schedule.total
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
         self.prompts = PromptSampler(run.tokenizer, self.stream, run.cfg.rollout.group_size)
         self.queue = TicketQueue()
