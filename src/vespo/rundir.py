@@ -64,7 +64,7 @@ class RunFiles:
 
 def stopped_nonfinite(summary: dict, lab: dict | None = None) -> bool:
     """The learner's non-finite guard stopped the run: its summary says so, or, for a run recorded before
-    summaries said it, its sweep's lab.json ("stopped_nonfinite", from the run's log)."""
+    summaries said it, its sweep's lab.json does ("stopped_nonfinite", which the sweep then read off the run's log)."""
     return summary.get("status") == Stop.NON_FINITE or bool((lab or {}).get("stopped_nonfinite"))
 
 
