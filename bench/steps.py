@@ -54,12 +54,14 @@ def stepper(cfg) -> Stepper:
 
         return Stepper(source.engine, source.producer, learner, step)
     from vespo.trainer.loop import StepWindow  # this code: a step's updates fill a window
+    # this code: the run's one schedule; an older checkout: the loop's N and the source's largest lag
+    n, max_lag = (loop.schedule.n, loop.schedule.max_lag) if hasattr(loop, "schedule") else (loop.n, source.max_lag)
 
     def step(k: int) -> float:
         window = StepWindow()
-        for _ in range(loop.n):
+        for _ in range(n):
             loop.train_one(window)
-        return window.metrics(source.max_lag).get("rollout/n_tokens", 0.0)
+        return window.metrics(max_lag).get("rollout/n_tokens", 0.0)
 
     return Stepper(source.engine, source.scorer, learner, step)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CORE = ("vespo.types", "vespo.errors", "vespo.charset", "vespo.config", "vespo.losses", "vespo.models",
-        "vespo.rollout", "vespo.tasks", "vespo.rewards", "vespo.data", "vespo.metrics", "vespo.advantages",
+        "vespo.rollout", "vespo.tasks", "vespo.rewards", "vespo.data", "vespo.metrics", "vespo.advantages", "vespo.rundir",
         "vespo.buffer", "vespo.evaluation", "vespo.coefficients", "vespo.plot", "vespo.allocator")
 COMMANDS = ("vespo.cli", "vespo.eval_cli", "vespo.plot_cli", "vespo.coefficients_cli")  # the top-level command lines
 ABOVE_CORE = ("vespo.trainer", "vespo.lab", "vespo.sweep", "vespo.integrations", *COMMANDS)

@@ -35,7 +35,7 @@ def test_the_x_axis_is_optimizer_steps_from_the_runs_config(tmp_path):
     run_dir = _run_dir(tmp_path / "a", [0.1, 0.2, 0.3])
     (run_dir / "config.yaml").write_text("staleness: {n: 16}\n")
     run = load_run(run_dir)
-    assert run.updates_per_step == 16
+    assert run.n == 16
     # row k is trained after (k - 1) x 16 updates
     assert run.curve("reward/mean", x="updates") == ([0, 16, 32], [0.1, 0.2, 0.3])
     assert run.curve("reward/mean") == ([1, 2, 3], [0.1, 0.2, 0.3])

@@ -15,14 +15,11 @@ project (`vespo plot` and the lab's reports): `color_of("grpo")`, `display_name(
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from vespo.metrics import read_jsonl
+from vespo.rundir import METRICS, RunFiles, read_run_files
 
 KL_KEYS = {"stale": "kl/k3", "engine": "mismatch/k3"}
 
@@ -73,41 +70,32 @@ PANELS = [("reward/mean", "reward", False), (None, "KL (k3)", True),
 
 
 @dataclass
-class Run:
-    path: Path
-    rows: list[dict]  # metrics.jsonl, one row per rollout step
-    summary: dict  # summary.json ({} while the run is unfinished)
-    config: dict = field(default_factory=dict)  # config.yaml ({} when absent)
+class Run(RunFiles):
+    """A run directory's files (vespo.rundir) with its path; its rows are one per rollout step."""
 
-    @property
-    def updates_per_step(self) -> int:
-        """Optimizer steps per logged row: staleness.n of the run's config (else its summary, else 1)."""
-        return int((self.config.get("staleness") or {}).get("n") or self.summary.get("staleness_n") or 1)
+    path: Path
 
     def curve(self, key: str, x: str = "step") -> tuple[list[int], list[float]]:
         """(x, values) of one metric, x the logged step or (x="updates") the optimizer steps taken
         before the row's samples were trained; rows where the metric is missing are left out."""
         if x not in ("step", "updates"):
             raise ValueError(f"x must be 'step' or 'updates', got {x!r}")
-        n = self.updates_per_step if x == "updates" else 1
+        n = self.n if x == "updates" else 1
         pts = [((int(r["step"]) - 1) * n if x == "updates" else int(r["step"]), float(r[key]))
                for r in self.rows if key in r]
         return [s for s, _ in pts], [v for _, v in pts]
 
 
 def load_run(path: str | Path) -> Run:
-    """Read a run directory's metrics.jsonl (and summary.json when present)."""
+    """Read a run directory's metrics (and its summary and config when present)."""
     path = Path(path)
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
-        raise FileNotFoundError(f"{path} is not a run directory: no metrics.jsonl")
-    rows = read_jsonl(metrics)
-    for i, row in enumerate(rows):
+    if not (path / METRICS).is_file():
+        raise FileNotFoundError(f"{path} is not a run directory: no {METRICS}")
+    run = Run(**vars(read_run_files(path)), path=path)
+    for i, row in enumerate(run.rows):
         if "step" not in row:
-            raise ValueError(f"{metrics}: row {i + 1} has no 'step'")
-    summary, config = path / "summary.json", path / "config.yaml"
-    return Run(path, rows, json.loads(summary.read_text()) if summary.is_file() else {},
-               (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {})
+            raise ValueError(f"{path / METRICS}: row {i + 1} has no 'step'")
+    return run
 
 
 def plot_runs(runs: list[Run], labels: list[str], out: str | Path, kl: str = "stale", title: str = "",

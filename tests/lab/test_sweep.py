@@ -276,3 +276,34 @@ def test_a_run_stopped_by_ctrl_c_is_interrupted_and_resumed_not_failed(tmp_path)
     lab = json.loads((job.run_dir / "lab.json").read_text())
     assert (lab["status"], lab["returncode"]) == ("interrupted", 130)
     assert [j.action for j in plan.plan(load_sweep(path), out)] == ["resume"]
+
+
+def test_a_run_the_nonfinite_guard_stopped_is_told_by_its_summary_not_its_log(tmp_path):
+    """lab.json's stopped_nonfinite comes from the summary this start of the run wrote (the log may say anything);
+    a summary an earlier start left does not count."""
+    import subprocess
+    import sys
+
+    from vespo.sweep.launch import run_all
+
+    spec = yaml.safe_load(QUICK.read_text())
+    spec["grid"], spec["overrides"] = {"run.seed": [0]}, ["staleness.n=1"]
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    (job,) = plan.plan(load_sweep(path), tmp_path / "one")
+
+    def failing(summary):
+        def start(args, log):  # a child that fails, having written ``summary`` (or nothing)
+            if summary is not None:
+                (job.run_dir / "summary.json").write_text(json.dumps(summary))
+            return subprocess.Popen([sys.executable, "-c", "print('no traceback here'); raise SystemExit(1)"],
+                                    stdout=open(log, "a"))
+        return start
+
+    def stopped_nonfinite() -> bool:
+        return json.loads((job.run_dir / "lab.json").read_text())["stopped_nonfinite"]
+
+    assert run_all([job], tmp_path / "one", 1, failing({"status": "non_finite"})) == 1
+    assert stopped_nonfinite() is True
+    assert run_all([job], tmp_path / "one", 1, failing(None)) == 1  # the old summary stays, not written by this start
+    assert stopped_nonfinite() is False

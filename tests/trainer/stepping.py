@@ -23,6 +23,6 @@ def rollout_step(loop) -> dict:
     from vespo.trainer.loop import StepWindow
 
     window = StepWindow()
-    for _ in range(loop.n):
+    for _ in range(loop.schedule.n):
         loop.train_one(window)
-    return window.metrics(loop.source.max_lag)
+    return window.metrics(loop.schedule.max_lag)

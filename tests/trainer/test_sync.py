@@ -3,6 +3,7 @@ bookkeeping, W == 1 on policy, the non-finite guard, checkpoints and resume."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,19 @@ def test_too_many_nonfinite_updates_stop_the_run(make_cfg):
         loop.learner.spec = LossSpec("always_nan", lambda *a, **k: _nan_out(*a, **k), loop.learner.spec.config_cls)
         with pytest.raises(NonFiniteError, match="1 consecutive updates had a non-finite"):
             rollout_step(loop)
+
+
+def test_a_run_the_nonfinite_guard_stops_says_so_in_its_summary(make_cfg):
+    """The sweep and the lab learn why a run stopped from summary.json, not from its log."""
+    cfg = make_cfg("loss.name=vespo", "staleness.n=2", "run.max_nonfinite_steps=1", "run.steps=2")
+
+    def poison(loop):  # after the first update, every loss is non-finite
+        loop.learner.spec = LossSpec("always_nan", lambda *a, **k: _nan_out(*a, **k), loop.learner.spec.config_cls)
+
+    with pytest.raises(NonFiniteError):
+        train(cfg, on_update=poison)
+    summary = json.loads((Path(cfg.run.out_dir) / "summary.json").read_text())
+    assert summary["status"] == "non_finite" and summary["updates_done"] == 1 and summary["eval_after"] == {}
 
 
 def _nan_out(x, cfg, normalizer=None):

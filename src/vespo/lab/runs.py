@@ -19,13 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
-
-from vespo.config import load_yaml
 from vespo.errors import INTERRUPTED
 from vespo.lab.collapse import RULE, Collapse, collapse_of_rows
 from vespo.lab.grid import SEED_AXIS, Sweep, excluded
 from vespo.metrics import read_jsonl
+from vespo.rundir import LAB, RunFiles, Stop, read_run_files, stopped_nonfinite, write_run_files
 
 ARCHIVE, ARCHIVE_FORMAT = "runs.json.gz", 1
 SESSIONS = "sessions.jsonl"  # a sweep directory's record of its `vespo sweep` calls (vespo.sweep.provenance)
@@ -35,19 +33,12 @@ TARGET_REWARD, TARGET_WINDOW = 0.6, RULE.every  # time to accuracy: the training
 
 
 @dataclass
-class Run:
-    """One run's files, as its directory or the archive holds them."""
+class Run(RunFiles):
+    """One run's files (config, summary, eval_before, rows: vespo.rundir), as its directory or the archive holds
+    them, with its name and its sweep's lab.json."""
 
     name: str
     lab: dict  # lab.json: labels, overrides, exit status
-    config: dict  # the resolved config.yaml
-    summary: dict  # summary.json ({} while it runs)
-    eval_before: dict  # eval_before.json
-    rows: list[dict] | None  # metrics.jsonl (None when it wrote none)
-
-    @property
-    def n(self) -> int:
-        return int((self.config.get("staleness") or {}).get("n") or self.summary.get("staleness_n") or 1)
 
     @property
     def updates(self) -> int:
@@ -58,7 +49,12 @@ class Run:
     def status(self) -> str:  # done, interrupted, failed, unfinished
         if self.lab.get("returncode", 0) not in (0, INTERRUPTED):  # Ctrl-C (130) stops a run at a checkpoint
             return "failed"
-        return self.summary.get("status") if self.summary.get("status") in ("done", "interrupted") else "unfinished"
+        status = self.summary.get("status")
+        return status if status in (Stop.DONE, Stop.INTERRUPTED) else "unfinished"
+
+    @property
+    def stopped_nonfinite(self) -> bool:
+        return stopped_nonfinite(self.summary, self.lab)
 
     @property
     def before(self) -> float:
@@ -123,7 +119,7 @@ def time_to_target(run: Run, target: float = TARGET_REWARD, window: int = TARGET
 
 def result(run: Run) -> dict:
     """A run's row of the table: status, collapse and METRICS (a broken policy scores 0)."""
-    stopped = bool(run.lab.get("stopped_nonfinite"))
+    stopped = run.stopped_nonfinite
     c = collapse_of_rows(run.rows, run.n, run.before, stopped) if run.rows else \
         Collapse(True, "nonfinite", 1) if stopped else Collapse(False)
     stats = {k: f(run) if run.rows else math.nan for k, f in METRICS.items()}
@@ -160,7 +156,7 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
     if (path / "sweep.json").is_file():
         sessions = read_jsonl(path / SESSIONS) if (path / SESSIONS).is_file() else []
         sweep = Sweep.from_record(json.loads((path / "sweep.json").read_text()), sessions)
-        runs = [read_run(d) for d in sorted(path.iterdir()) if (d / "lab.json").is_file()]
+        runs = [read_run(d) for d in sorted(path.iterdir()) if (d / LAB).is_file()]
     elif archive.is_file():
         body = read_archive_body(archive)
         sweep = Sweep.from_record({"source": str(archive), **body["record"]}, body["record"].get("sessions") or [])
@@ -172,26 +168,27 @@ def read_sweep(path: str | Path) -> tuple[Sweep, list[Run]]:
 
 
 def read_run(run_dir: Path) -> Run:
-    def file(name: str, read: Callable = lambda p: json.loads(p.read_text()), none=None):
-        return read(run_dir / name) if (run_dir / name).is_file() else none
-
-    lab = file("lab.json")
+    lab = json.loads((run_dir / LAB).read_text())
     if "labels" not in lab:
-        raise ValueError(f"{run_dir / 'lab.json'} has no 'labels'")
-    return Run(run_dir.name, lab, file("config.yaml", lambda p: load_yaml(p, "run config", ValueError), {}),
-               file("summary.json", none={}), file("eval_before.json", none={}), file("metrics.jsonl", read_jsonl))
+        raise ValueError(f"{run_dir / LAB} has no 'labels'")
+    return Run(**vars(read_run_files(run_dir)), name=run_dir.name, lab=lab)
 
 
 def write_archive(sweep: Sweep, runs: list[Run], path: Path) -> Path:
     """The sweep's archive (gzip'd JSON with a fixed mtime: the same runs give the same bytes)."""
     body = {"format": ARCHIVE_FORMAT, "record": {**sweep.record(), "sessions": sweep.sessions},
-            "runs": [{**vars(r), "summary": None if r.rows is None else r.summary, "rows": None if r.rows is None else
+            "runs": [{**archived(r), "summary": None if r.rows is None else r.summary, "rows": None if r.rows is None else
                       [{k: v for k, v in row.items() if k in ROW_KEYS or k.startswith("eval/")} for row in r.rows]}
                      for r in runs]}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
         f.write(json.dumps(body, separators=(",", ":"), allow_nan=True).encode())
     return path
+
+
+def archived(run: Run) -> dict:
+    """A run's fields in the archive's order (name, lab, config, summary, eval_before, rows)."""
+    return {"name": run.name, "lab": run.lab, **{k: v for k, v in vars(run).items() if k not in ("name", "lab")}}
 
 
 def read_archive_body(path: Path) -> dict:
@@ -213,13 +210,8 @@ def read_archive_body(path: Path) -> dict:
 def write_run(item: dict, run_dir: Path) -> None:
     """The inverse of ``read_run`` for one run of an archive (lab.json last: it marks a run directory)."""
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(item["config"], sort_keys=False))
-    for name, data in (("summary.json", item["summary"]), ("eval_before.json", item["eval_before"])):
-        if data:
-            (run_dir / name).write_text(json.dumps(data, indent=2))
-    if item["rows"] is not None:
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in item["rows"]))
-    (run_dir / "lab.json").write_text(json.dumps(item["lab"], indent=2))
+    write_run_files(RunFiles(item["config"], item["summary"], item["eval_before"], item["rows"]), run_dir)
+    (run_dir / LAB).write_text(json.dumps(item["lab"], indent=2))
 
 
 def by_seed(runs: pd.DataFrame, metric: str) -> pd.Series:

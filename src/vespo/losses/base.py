@@ -23,8 +23,8 @@ from vespo.losses.aggregation import NORM_AGG, check_agg_mode, token_weights
 from vespo.losses.diagnostics import Rows, base_rows, summarize, token_counts
 from vespo.losses.inputs import LossInputs
 from vespo.losses.opsm import opsm_keep
-from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_ICEPOP, BYPASS_TRUNCATION,
-                                              TRUNCATING, RolloutCorrection, correction_weight, truncated)
+from vespo.losses.rollout_correction import (BYPASS_BATCH_NORMALIZE, BYPASS_ICEPOP, BYPASS_TRUNCATION, TRUNCATING,
+                                              Correction, RolloutCorrection, correct)
 
 
 @dataclass
@@ -137,17 +137,20 @@ def finish(
     normalizer: float | Tensor | None,
     rows: Rows | None = None,
     corrected: bool = False,
+    correction: Correction | None = None,
 ) -> LossOutput:
     """Correct, aggregate by ``cfg.agg`` and add the shared rows to the per-token loss ``loss_mat [B, T]``.
 
     ``grad_weight`` ([B, T] or [B, 1], detached) is the loss's gradient weight w_it (module docstring).
     The rollout correction's detached weight (``cfg.rollout_correction``) multiplies both, unless the
-    loss applied the correction itself (``corrected``: VESPO adds its log to log W).
+    loss applied the correction itself (``corrected``: VESPO adds its log to log W), computed once per call
+    (:func:`rollout_correction`): then ``correction`` is the one it applied, which the rows report.
     """
-    correction = rollout_weight(x, cfg)  # None, [B, T] or [B, 1]
-    if correction is not None and not corrected:
-        loss_mat, grad_weight = loss_mat * correction, grad_weight * correction
-    rows = {**correction_rows(correction, x, cfg), **(rows or {})}
+    if not corrected:
+        correction = rollout_correction(x, cfg)
+        if correction is not None:
+            loss_mat, grad_weight = loss_mat * correction.weight, grad_weight * correction.weight
+    rows = {**correction_rows(correction, x), **(rows or {})}
     if cfg.opsm_delta is not None:
         keep = opsm_keep(x.log_ratio, x.adv, x.tokens, cfg.opsm_delta).to(loss_mat.dtype)  # [B, 1] or [B, T]
         loss_mat, grad_weight = loss_mat * keep, grad_weight * keep
@@ -167,23 +170,23 @@ def sequence_weight(grad_weight: Tensor, x: LossInputs) -> Tensor:
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan).to(x.logp.dtype)
 
 
-def correction_rows(weight: Tensor | None, x: LossInputs, cfg: BaseLossConfig) -> Rows:
-    """Per row, the valid tokens whose rollout-correction ``weight`` is 0 (rollout_masked: mis_*, geo_mask,
+def correction_rows(correction: Correction | None, x: LossInputs) -> Rows:
+    """Per row, the valid tokens whose rollout-correction weight is 0 (rollout_masked: mis_*, geo_mask,
     icepop) and, for tis_*, those whose weight was truncated at C (rollout_truncated)."""
-    if weight is None:
+    if correction is None:
         return {}
-    rows = {"rollout_masked": token_counts(weight == 0, x.mask_f)}
-    cut = truncated(x.rollout_d, cfg.rollout_correction)  # None, [B, T] or [B, 1]
-    if cut is not None:
-        rows["rollout_truncated"] = token_counts(cut, x.mask_f)
+    rows = {"rollout_masked": token_counts(correction.weight == 0, x.mask_f)}
+    if correction.truncated is not None:  # [B, T] or [B, 1]
+        rows["rollout_truncated"] = token_counts(correction.truncated, x.mask_f)
     return rows
 
 
-def rollout_weight(x: LossInputs, cfg: BaseLossConfig) -> Tensor | None:
-    """The detached rollout-correction weight ([B, T] or [B, 1]; None for mode none): of pi_old / pi_rollout,
-    or in bypass mode the rejection part of pi_theta / pi_rollout (the whole weight for a loss without a ratio
-    of its own). A truncation or IcePop in bypass mode raises (``BaseLossConfig.bypass_refusal``)."""
-    return correction_weight(x.rollout_d, x.mask_f, cfg.rollout_correction, rejection_only=bypass_rejects(x, cfg))
+def rollout_correction(x: LossInputs, cfg: BaseLossConfig, log_space: bool = False) -> Correction | None:
+    """The call's rollout correction (None for mode none), its weight detached, [B, T] or [B, 1]: of pi_old /
+    pi_rollout, or in bypass mode the rejection part of pi_theta / pi_rollout (the whole weight for a loss without
+    a ratio of its own); with ``log_space`` its log-weight too (VESPO). A truncation or IcePop in bypass mode raises
+    (``BaseLossConfig.bypass_refusal``)."""
+    return correct(x.rollout_d, x.mask_f, cfg.rollout_correction, bypass_rejects(x, cfg), log_space)
 
 
 def bypass_rejects(x: LossInputs, cfg: BaseLossConfig) -> bool:

@@ -173,22 +173,71 @@ def _real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+@dataclass(frozen=True)
+class Correction:
+    """One loss call's rollout correction, computed once (:func:`correct`): the weight w a loss multiplies by,
+    log w where VESPO adds it to log W, and where tis_* truncated w at C."""
+
+    weight: Tensor  # [B, T] token modes, [B, 1] *_seq and geo_mask: w, detached (batch-normalized when asked)
+    log_weight: Tensor | None  # the same shape: log w clamped to [log 1e-8, 20], padding 0; None unless asked for
+    truncated: Tensor | None  # tis_*: where rho > C, [B, T] or [B, 1] bool; None for other modes
+
+
+@torch.no_grad()
+def correct(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, rejection_only: bool = False,
+            log_space: bool = False) -> Correction | None:
+    """The rollout correction of ``cfg.mode`` (None for none): its weight and, with ``log_space``, its log-weight.
+
+    ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding then
+    gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection part alone
+    (bypass mode, module docstring); tis_* and icepop then raise (:data:`BYPASS_TRUNCATION`,
+    :data:`BYPASS_ICEPOP`). With ``cfg.batch_normalize``
+    the weights are divided by their mean over the call (:func:`batch_mean`), and its log taken off each log w
+    (per token, or once per sequence). A masked weight's log w is log 1e-8.
+    """
+    mode, cut = cfg.mode, None
+    if mode == "none":
+        return None
+    if mode == "geo_mask":
+        keep = geo_keep(rollout_d, mask_f, cfg)  # [B, 1]
+        weight, log_w = keep.to(mask_f.dtype), torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
+        return Correction(weight, log_w if log_space else None, None)
+    if mode == "reject":
+        keep = reject_keep(rollout_d, mask_f, cfg)  # [B, T] or [B, 1]
+        log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
+        log_w = log_w * mask_f if cfg.reject_by.startswith("token") else log_w
+        return Correction(keep.to(mask_f.dtype), log_w if log_space else None, None)
+    if mode == "icepop":
+        log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]; bypass mode raises
+        weight = torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
+        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN))
+    else:  # tis_*, mis_*
+        log_rho = _log_rho(rollout_d, cfg, rejection_only)  # [B, T] or [B, 1]
+        log_c = math.log(cfg.threshold)
+        if mode in TRUNCATING:
+            weight, log_w, cut = torch.exp(log_rho.clamp(max=log_c)), log_rho.clamp(max=log_c), log_rho > log_c
+        else:
+            weight = ((log_rho <= log_c).to(mask_f.dtype) if rejection_only else
+                      torch.where(log_rho <= log_c, torch.exp(log_rho.clamp(max=log_c)), log_rho.new_zeros(())))
+            kept = torch.zeros_like(log_rho) if rejection_only else log_rho
+            log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
+    log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
+    if cfg.batch_normalize:
+        if rejection_only:
+            raise ValueError(BYPASS_BATCH_NORMALIZE)
+        mean = batch_mean(weight, mask_f)
+        weight, log_w = weight / mean, log_w - mean.log()
+    if log_w.shape[-1] != 1 or mask_f.shape[-1] == 1:  # token modes: padding gets 0
+        log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
+    return Correction(weight, log_w if log_space else None, cut)
+
+
 def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
                       rejection_only: bool = False) -> Tensor | None:
-    """The detached weight w: [B, T] for token modes, [B, 1] for *_seq and geo_mask; None if mode is none.
-
-    ``rollout_d`` is log pi_rollout - log of the policy the ratio is of, per token, 0 on padding (padding
-    then gets w = 1 when C >= 1); ``mask_f`` [B, T] is the 0/1 mask. ``rejection_only``: the 0/1 rejection
-    part alone (bypass mode, module docstring); tis_* and icepop then raise (:data:`BYPASS_TRUNCATION`,
-    :data:`BYPASS_ICEPOP`).
-    With ``cfg.batch_normalize`` the weights are divided by their mean over the call (:func:`batch_mean`).
-    """
-    weight = _weight(rollout_d, mask_f, cfg, rejection_only)
-    if weight is None or not cfg.batch_normalize:
-        return weight
-    if rejection_only:
-        raise ValueError(BYPASS_BATCH_NORMALIZE)
-    return weight / batch_mean(weight, mask_f)
+    """The detached weight w of :func:`correct`: [B, T] for token modes, [B, 1] for *_seq and geo_mask; None if
+    mode is none."""
+    correction = correct(rollout_d, mask_f, cfg, rejection_only)
+    return None if correction is None else correction.weight
 
 
 @torch.no_grad()
@@ -201,71 +250,6 @@ def batch_mean(weight: Tensor, mask_f: Tensor) -> Tensor:
         valid = mask_f
     mean = (weight * valid).sum() / valid.sum().clamp(min=1.0)
     return torch.where(mean > 1e-8, mean, torch.ones_like(mean))
-
-
-def _weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, rejection_only: bool) -> Tensor | None:
-    """correction_weight before batch normalization."""
-    if cfg.mode == "geo_mask":
-        return geo_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
-    if cfg.mode == "reject":
-        return reject_keep(rollout_d, mask_f, cfg).to(mask_f.dtype)
-    if cfg.mode == "icepop":
-        log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]
-        return torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
-    log_rho = _log_rho(rollout_d, cfg, rejection_only)
-    if log_rho is None:
-        return None
-    log_c = math.log(cfg.threshold)
-    if cfg.mode.startswith("tis"):
-        return torch.exp(log_rho.clamp(max=log_c))
-    if rejection_only:
-        return (log_rho <= log_c).to(mask_f.dtype)
-    return torch.where(log_rho <= log_c, torch.exp(log_rho.clamp(max=log_c)), log_rho.new_zeros(()))
-
-
-def correction_log_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
-                          rejection_only: bool = False) -> Tensor | None:
-    """log w clamped to [log 1e-8, 20] (a masked weight becomes log 1e-8), the term VESPO adds to log W; with
-    ``cfg.batch_normalize``, minus the log of :func:`batch_mean` per weight (per token, or once per sequence).
-
-    Shapes and ``rejection_only`` as in :func:`correction_weight`; padding (``mask_f`` [B, T] = 0) gets log w = 0.
-    """
-    if cfg.mode == "geo_mask":
-        keep = geo_keep(rollout_d, mask_f, cfg)  # [B, 1]
-        return torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
-    if cfg.mode == "reject":
-        keep = reject_keep(rollout_d, mask_f, cfg)  # [B, T] or [B, 1]
-        log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
-        return log_w * mask_f if cfg.reject_by.startswith("token") else log_w
-    if cfg.mode == "icepop":
-        log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]
-        log_w = torch.where(keep, log_rho, torch.full_like(log_rho, LOG_W_MIN)).clamp(LOG_W_MIN, LOG_W_MAX)
-    else:
-        log_rho = _log_rho(rollout_d, cfg, rejection_only)
-        if log_rho is None:
-            return None
-        log_c = math.log(cfg.threshold)
-        if cfg.mode.startswith("tis"):
-            log_w = log_rho.clamp(max=log_c)
-        else:
-            kept = torch.zeros_like(log_rho) if rejection_only else log_rho
-            log_w = torch.where(log_rho <= log_c, kept, torch.full_like(log_rho, LOG_W_MIN))
-        log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)
-    if cfg.batch_normalize:
-        if rejection_only:
-            raise ValueError(BYPASS_BATCH_NORMALIZE)
-        log_w = log_w - batch_mean(_weight(rollout_d, mask_f, cfg, False), mask_f).log()
-    if log_w.shape[-1] != 1 or mask_f.shape[-1] == 1:  # token modes: padding gets 0
-        log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
-    return log_w
-
-
-@torch.no_grad()
-def truncated(rollout_d: Tensor | None, cfg: RolloutCorrection) -> Tensor | None:
-    """tis_*: where the weight was truncated at C (rho > C), [B, T] or [B, 1] bool; None for other modes."""
-    if cfg.mode not in TRUNCATING:
-        return None
-    return _log_rho(rollout_d, cfg) > math.log(cfg.threshold)
 
 
 @torch.no_grad()

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish
+from vespo.losses.base import BaseLossConfig, LossOutput, check_choice, check_range, finish, rollout_correction
 from vespo.losses.diagnostics import kernel_rows
 from vespo.losses.inputs import TOKEN_LOG_RATIO_CLAMP, LossInputs
 from vespo.losses.kernel import kernel_phi
 from vespo.losses.registry import LossSpec, register
-from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, correction_log_weight
+from vespo.losses.rollout_correction import LOG_W_MAX, LOG_W_MIN, Correction
 
 LENGTH_NORMS: tuple[str, ...] = ("none", "sqrt", "linear")
 
@@ -72,33 +72,36 @@ class VespoConfig(BaseLossConfig):
 
 def vespo_loss(x: LossInputs, cfg: VespoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """-sg[phi(W)] * A * logp per token, aggregated by ``cfg.agg``."""
-    log_w = vespo_log_weight(x, cfg)  # [B, 1]
+    correction = rollout_correction(x, cfg, log_space=True)  # once per call: its log w goes into log W
+    log_w = vespo_log_weight(x, cfg, correction)  # [B, 1]
     k, lam = fixed_shape(cfg, log_w)  # [2], [2]
-    return kernel_loss(x, cfg, normalizer, log_w, k, lam)
+    return kernel_loss(x, cfg, normalizer, log_w, k, lam, correction)
 
 
 def kernel_loss(
     x: LossInputs, cfg: VespoConfig, normalizer: float | Tensor | None, log_w: Tensor, k: Tensor, lam: Tensor,
-    rows: dict[str, Tensor] | None = None,
+    correction: Correction | None, rows: dict[str, Tensor] | None = None,
 ) -> LossOutput:
-    """VESPO's loss with the kernel shape ``k, lam [2]`` (pos, neg) on the sequence log-weights ``log_w [B, 1]``."""
+    """VESPO's loss with the kernel shape ``k, lam [2]`` (pos, neg) on the sequence log-weights ``log_w [B, 1]``,
+    which hold the rollout ``correction``'s log-weight."""
     phi = kernel_phi(log_w, x.adv, k, lam)  # [B, 1] or [B, T], detached
     loss_mat = -phi * x.adv * x.logp  # [B, T]
     shape_rows = kernel_rows(phi, x.adv, x.mask, log_w, k, lam)
-    return finish(loss_mat, phi, x, cfg, normalizer, {**shape_rows, **(rows or {})}, corrected=True)
+    return finish(loss_mat, phi, x, cfg, normalizer, {**shape_rows, **(rows or {})}, corrected=True,
+                  correction=correction)
 
 
 @torch.no_grad()
-def vespo_log_weight(x: LossInputs, cfg: VespoConfig) -> Tensor:
-    """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]"""
+def vespo_log_weight(x: LossInputs, cfg: VespoConfig, correction: Correction | None) -> Tensor:
+    """The clamped (and optionally corrected, length-normalized) sequence log-weight, detached.  # [B, 1]
+
+    ``correction``: the call's rollout correction, with its log-weight (``rollout_correction(x, cfg, True)``)."""
     if cfg.nomu_group is None:
         log_w = x.clamped_log_ratio.sum(dim=-1, keepdim=True)  # [B, 1]
     else:
         log_w = nomu_log_weight(x, cfg.nomu_group)
-    correction = correction_log_weight(x.rollout_d, x.mask_f, cfg.rollout_correction,
-                                       rejection_only=x.bypass)  # [B, T], [B, 1] or None
     if correction is not None:
-        log_w = log_w + correction.sum(dim=-1, keepdim=True)
+        log_w = log_w + correction.log_weight.sum(dim=-1, keepdim=True)  # [B, T] or [B, 1] summed
     lengths = x.tokens.clamp(min=1.0)[:, None]  # [B, 1]
     if cfg.length_norm == "sqrt":
         log_w = log_w / lengths.sqrt()

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vespo.losses.base import LossOutput, check_choice, check_range
+from vespo.losses.base import LossOutput, check_choice, check_range, rollout_correction
 from vespo.losses.diagnostics import SIGN_NAMES, effective_sample_size, self_normalized_mean
 from vespo.losses.inputs import LossInputs
 from vespo.losses.kernel import sign_groups, sign_log_phi
@@ -97,12 +97,13 @@ class VespoAdaptiveConfig(VespoConfig):
 
 def vespo_adaptive_loss(x: LossInputs, cfg: VespoAdaptiveConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """VESPO with the kernel shape per sign chosen by ``cfg.rule`` on this batch, aggregated by ``cfg.agg``."""
-    log_w = vespo_log_weight(x, cfg)  # [B, 1]
+    correction = rollout_correction(x, cfg, log_space=True)  # once per call: its log w goes into log W
+    log_w = vespo_log_weight(x, cfg, correction)  # [B, 1]
     groups = sign_groups(x.adv, x.mask, x.seq_valid)  # [2, B]
     k, lam, metrics = adapt_shape(log_w[:, 0], groups, cfg)  # [2], [2] float64
     rows = {f"adaptive/{name.removeprefix('vespo/')}": value.double().expand(len(log_w)).clone()
             for name, value in metrics.items()}  # the call's shape, on each of its rows
-    return kernel_loss(x, cfg, normalizer, log_w, k.to(log_w.dtype), lam.to(log_w.dtype), rows)
+    return kernel_loss(x, cfg, normalizer, log_w, k.to(log_w.dtype), lam.to(log_w.dtype), correction, rows)
 
 
 @torch.no_grad()

@@ -1,4 +1,6 @@
-"""Running a sweep's jobs, each its own `vespo train` process, here or as Ray tasks; each run's lab.json."""
+"""Running a sweep's jobs, each its own `vespo train` process, here or as Ray tasks; each run's lab.json (its
+labels and overrides, how its process ended, and whether the learner's non-finite guard stopped it, as the run's
+summary.json says)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vespo.errors import INTERRUPTED
+from vespo.rundir import (CHECKPOINTS, EVAL_BEFORE, LAB, METRICS, RESTARTED, SAMPLES, SUMMARY, TRAIN_LOG, read_summary,
+                          stopped_nonfinite)
 from vespo.sweep.plan import Job, run_overrides
 
 RUN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -74,22 +78,22 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
     locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key} | {"": contextlib.nullcontext()}
 
     def one(job: Job) -> int:
-        log = job.run_dir / "train.log"
+        log = job.run_dir / TRAIN_LOG
         with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
             job.run_dir.mkdir(parents=True, exist_ok=True)
             if job.action == "resume":
                 _set_aside_uncheckpointed(job.run_dir)
             print(f"  {job.action:<7} {job.point.name}", flush=True)
-            started = time.time()
+            started, earlier = time.time(), _summary_written(job.run_dir)
             _write_lab(job, {"status": "running", "started": started})
             run = start(command(job, out)[1:], log)  # the node's own Python runs it
             while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
         returncode = run.wait()
-        ok, tail = returncode in (0, INTERRUPTED), (log.read_text(errors="replace")[-4000:] if log.exists() else "")
+        ok = returncode in (0, INTERRUPTED)
         status = "finished" if returncode == 0 else "interrupted" if returncode == INTERRUPTED else "failed"
         _write_lab(job, {"status": status, "returncode": returncode, "started": started,
-                         "ended": time.time(), "stopped_nonfinite": (not ok) and "NonFiniteError" in tail})
+                         "ended": time.time(), "stopped_nonfinite": (not ok) and _stopped_nonfinite(job, earlier)})
         shown = {"finished": "done", "interrupted": "stopped", "failed": "FAILED"}[status]
         said = {"finished": "", "interrupted": " (Ctrl-C; the next call resumes it)",
                 "failed": f" (exit {returncode}; see {log})"}[status]
@@ -100,17 +104,30 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
         return sum(pool.map(one, pending))
 
 
+def _summary_written(run_dir: Path) -> int | None:
+    """When the run's summary.json was written (ns), None where it has none."""
+    path = run_dir / SUMMARY
+    return path.stat().st_mtime_ns if path.is_file() else None
+
+
+def _stopped_nonfinite(job: Job, earlier: int | None) -> bool:
+    """The run's summary, written by this start of it (not the one an earlier start left, written ``earlier``),
+    says the learner's non-finite guard stopped it."""
+    written = _summary_written(job.run_dir)
+    return written is not None and written != earlier and stopped_nonfinite(read_summary(job.run_dir))
+
+
 def _set_aside_uncheckpointed(run_dir: Path) -> None:
     """A run of the sweep killed before its first checkpoint has nothing to resume from, and `vespo train
     --resume` refuses to start a run directory with rows over: the sweep, which owns the directory, starts
     the run over itself (the rows are redone bit for bit). The old files are moved to
     RUN_DIR/restarted/<time>/, never deleted."""
-    if any((run_dir / "checkpoints").glob("step-*")):
+    if any((run_dir / CHECKPOINTS).glob("step-*")):
         return
-    old = [run_dir / name for name in ("metrics.jsonl", "samples.jsonl", "eval_before.json")]
+    old = [run_dir / name for name in (METRICS, SAMPLES, EVAL_BEFORE)]
     if not any(path.exists() for path in old):
         return
-    aside = run_dir / "restarted" / time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir / RESTARTED / time.strftime("%Y%m%d-%H%M%S")
     aside.mkdir(parents=True, exist_ok=True)
     for path in old:
         if path.exists():
@@ -118,5 +135,5 @@ def _set_aside_uncheckpointed(run_dir: Path) -> None:
 
 
 def _write_lab(job: Job, extra: dict) -> None:
-    (job.run_dir / "lab.json").write_text(json.dumps({"labels": job.point.labels, "overrides": job.point.overrides,
+    (job.run_dir / LAB).write_text(json.dumps({"labels": job.point.labels, "overrides": job.point.overrides,
                                                       **extra}, indent=2))

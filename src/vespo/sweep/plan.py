@@ -14,6 +14,7 @@ from vespo.errors import INTERRUPTED
 from vespo.lab.grid import GridPoint, Sweep, SweepError, off_grid
 from vespo.sweep.provenance import write_sessions
 from vespo.lab.runs import read_archive_body, write_run
+from vespo.rundir import LAB, Stop, read_json, read_summary, started, stopped_nonfinite
 
 
 @dataclass
@@ -52,12 +53,10 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
                     "rollout batch": f"{cfg.prompts_per_step} prompts = {cfg.prompts_per_step * group}",
                     "rollout steps": f"{cfg.steps}" + (" (async)" if cfg.run.mode == "async" else ""),
                     "optimizer steps": cfg.steps * cfg.staleness.n, "samples": cfg.steps * cfg.staleness.n * mini}
-        summary, lab = (json.loads(f.read_text()) if f.exists() else {} for f in (run_dir / "summary.json",
-                                                                                   run_dir / "lab.json"))
-        started = (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*"))
-        action = ("skip" if summary.get("status") == "done" else
+        summary, lab = read_summary(run_dir), read_json(run_dir / LAB)
+        action = ("skip" if summary.get("status") == Stop.DONE else
                   "failed" if lab.get("returncode", 0) not in (0, INTERRUPTED) and not retry_failed else
-                  "resume" if started else "start")  # (killed before its first checkpoint: the launcher starts it over)
+                  "resume" if started(run_dir) else "start")  # (no checkpoint yet: the launcher starts it over)
         jobs.append(Job(point, run_dir, action, _warm_key(cfg), protocol))
     return jobs
 
@@ -85,7 +84,7 @@ def write_record(sweep: Sweep, out: Path) -> None:
         raise SweepError(f"{out / 'base.yaml'} differs from the base of {sweep.source}: this sweep directory was "
                          "started with another base config; choose another --out")
     for point in sweep.points():
-        lab = out / point.name / "lab.json"
+        lab = out / point.name / LAB
         if lab.exists() and json.loads(lab.read_text()).get("overrides") != point.overrides:
             raise SweepError(f"{lab}: run {point.name} was made with other overrides than {sweep.source} gives it "
                              "now; choose another --out")
@@ -118,13 +117,13 @@ def restore(archive: Path, sweep: Sweep, out: Path) -> int:
     points, restored = {p.name: p for p in sweep.points()}, 0
     for item in body["runs"]:
         name, lab, point = item["name"], item["lab"], points.get(item["name"])
-        if (item["summary"] or {}).get("status") != "done" and not lab.get("stopped_nonfinite"):
+        if (item["summary"] or {}).get("status") != Stop.DONE and not stopped_nonfinite(item["summary"] or {}, lab):
             continue  # not finished: run again
         if point is None or lab.get("overrides") != point.overrides:
             raise SweepError(f"{archive}: run {name} is not a point of the grid of {sweep.source}" if point is None else
                              f"{archive}: run {name} was made with overrides {lab.get('overrides')}, the grid of "
                              f"{sweep.source} gives it {point.overrides}")
-        if (out / name / "lab.json").exists():
+        if (out / name / LAB).exists():
             continue  # this directory's own run (finished, or to resume) wins
         was, now = (pd.json_normalize(json.loads(json.dumps(c))).iloc[0].to_dict() for c in (
             item["config"], to_dict(_config(sweep, out, point))))

@@ -45,6 +45,7 @@ import torch.distributed.checkpoint as dcp
 
 from vespo.config import added_at_default
 from vespo.errors import CheckpointError, ResumeError
+from vespo.rundir import CHECKPOINTS, METRICS
 from vespo.trainer.distributed import Dist
 from vespo.trainer.safe_load import check_plain, check_shard_files, load_plain, one_process_quietly, read_shards
 
@@ -65,7 +66,7 @@ def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, opt
     model_state, optim_state, param_groups = _sharded_state(module, optimizer)
     state = {**trainer_state, "optimizer_groups": param_groups, "rng": dist.gather_object(rng_state())}
     check_plain(state)
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     final, tmp = root / f"step-{step:06d}", root / f"step-{step:06d}.tmp"
     try:
         if dist.is_main:
@@ -139,7 +140,7 @@ def _plain_group(group: dict) -> dict:
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint ``latest`` names, if it has its trainer state (a resume asks ``resume_point``)."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     name = _pointer(root)
     return root / name if name and (root / name / STATE_FILE).is_file() else None
 
@@ -148,7 +149,7 @@ def resume_point(run_dir: str | Path) -> tuple[Path | None, str | None]:
     """(the checkpoint a --resume continues from, a note when it is not the one ``latest`` names): that one when
     it verifies, else the newest step directory that does. (None, None) where the directory holds no run yet;
     a ResumeError, changing nothing, where it holds a run and no checkpoint verifies."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     name = _pointer(root)
     if name:
         problem = verify_checkpoint(root / name)
@@ -167,7 +168,7 @@ def resume_point(run_dir: str | Path) -> tuple[Path | None, str | None]:
         refused.append(f"{path.name} {problem}")
     held = run_record(run_dir)
     if held:
-        found = "; ".join([why, *refused]) if "checkpoints" in held else "none was written yet"
+        found = "; ".join([why, *refused]) if CHECKPOINTS in held else "none was written yet"
         raise ResumeError(f"--resume: {run_dir} holds a run ({held}) but no checkpoint to continue it from ({found}); "
                           "nothing was changed. Start the run again with another run.out_dir, or move this one away")
     return None, None
@@ -206,14 +207,14 @@ def run_record(run_dir: str | Path) -> str | None:
     run_dir = Path(run_dir)
     held = []
     try:
-        rows = sum(1 for line in (run_dir / "metrics.jsonl").read_bytes().splitlines() if line.strip())
+        rows = sum(1 for line in (run_dir / METRICS).read_bytes().splitlines() if line.strip())
         if rows:
-            held.append(f"metrics.jsonl, {rows} rows")
+            held.append(f"{METRICS}, {rows} rows")
     except OSError:
         pass
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS
     if step_dirs(root) or (root / "latest").exists():
-        held.append("checkpoints")
+        held.append(CHECKPOINTS)
     return ", ".join(held) or None
 
 

@@ -41,13 +41,15 @@ from vespo.errors import CheckpointError
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
+from vespo.rundir import CHECKPOINTS, EVAL_BEFORE, METRICS, POLICY, SAMPLES, TB, Stop, write_atomic
 from vespo.trainer.checkpoint import check_resume_config, resume_point
 from vespo.trainer.distributed import Dist
+from vespo.trainer.learner import NonFiniteError
 from vespo.trainer.protocols import Learner, Rows, SampleSource, TrainItem, UpdateResult
 from vespo.trainer.remote import build_learner
 from vespo.trainer.run import Run, build_run, check_installed
 from vespo.trainer.runlog import (GracefulInterrupt, RunLog, check_new_run_dir, console, hold_run_dir, plain_every,
-                                  progress_bar, step_line, write_atomic)
+                                  progress_bar, step_line)
 from vespo.trainer.sources import LocalSource
 from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
 
@@ -122,11 +124,11 @@ def make_on_policy_start(cfg: Config) -> None:
             return
         sub, target = on_policy_config(cfg), cfg.warmstart.target_accuracy
         shutil.rmtree(sub.run.out_dir, ignore_errors=True)  # a start killed part-way runs again
-        console.print(f"on-policy start of seed {cfg.run.seed}: up to {sub.run.updates} updates of VESPO at N = 1"
+        console.print(f"on-policy start of seed {cfg.run.seed}: up to {sub.total_updates} updates of VESPO at N = 1"
                       + (f" until held-out sampled accuracy >= {target:g}" if target > 0 else "")
                       + f", cached in {marker.parent}")
         summary = train(sub, until=(lambda row: row["eval/reward_sampled"] >= target) if target > 0 else None)
-        shutil.rmtree(Path(sub.run.out_dir) / "checkpoints", ignore_errors=True)  # the policy/ directory is kept
+        shutil.rmtree(Path(sub.run.out_dir) / CHECKPOINTS, ignore_errors=True)  # the policy/ directory is kept
         record = {"updates": summary["updates_done"], "eval": summary["eval_after"],
                   "target_reached": bool(summary.get("target_reached", target == 0)), "seconds": summary["seconds"]}
         write_atomic(marker, json.dumps(record, indent=2))
@@ -196,8 +198,7 @@ class Loop:
         self.on_update, self.until = on_update, until
         self.target_reached = False
         self.dist = dist or Dist.single()
-        self.n = self.cfg.staleness.n
-        self.total = self.cfg.total_updates
+        self.schedule = run.schedule
         self.updates_done = 0
         self.checkpointed_at = -1  # updates done at the last checkpoint
         self.pending: list[TrainItem] = []  # items handed over by the source and not yet trained
@@ -207,39 +208,41 @@ class Loop:
 
     # ------------------------------------------------------------ the run
 
-
     @property
     def step(self) -> int:
         """Rollout steps done: every N = staleness.n updates are one (a metrics row, the unit of run.steps)."""
-        return self.updates_done // self.n
+        return self.schedule.step(self.updates_done)
 
     @property
     def at_step_end(self) -> bool:
         """The updates done end a rollout step (its row is due)."""
-        return self.updates_done % self.n == 0
+        return self.schedule.ends_step(self.updates_done)
+
     def fit(self, resume: bool, checkpoint: Path | None = None) -> dict:
         """Train the run (from ``checkpoint`` when given; ``resume`` without one: a run directory that holds no
         run yet) to its end, or until Ctrl-C or ``until`` stops it."""
         first = self._resume(checkpoint) if checkpoint is not None else 0
-        runlog = RunLog(self.cfg, resume_step=first // self.n if resume else None, writes=self.dist.is_main)
+        runlog = RunLog(self.cfg, resume_step=self.schedule.step(first) if resume else None, writes=self.dist.is_main)
         self.updates_done = first
         self.source.start(first)
         before = self._eval_before(runlog, first)
-        self._say(f"run directory {runlog.dir}: metrics.jsonl, samples.jsonl"
+        self._say(f"run directory {runlog.dir}: {METRICS}, {SAMPLES}"
                   + (f" (every {self.cfg.run.log_samples_every} steps)" if self.cfg.run.log_samples_every else "")
-                  + ", tb/, checkpoints/, policy/ at the end"
+                  + f", {TB}/, {CHECKPOINTS}/, {POLICY}/ at the end"
                   + (f"; {self.dist.world} ranks" if self.dist.active else ""))
         self.t_start = time.perf_counter()
         try:
             status = self.train_steps(runlog)
         except KeyboardInterrupt:  # a second Ctrl-C: no evaluation, the summary says where the run stopped
             self._checkpoint_safely()
-            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt stays in front
-                runlog.write_summary(self.summary(before, {}, "interrupted"))
-            runlog.close()
+            self._stopped(runlog, before, Stop.INTERRUPTED)
             raise
         except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
             runlog.close()
+            raise
+        except NonFiniteError:  # the learner's guard: the summary says why the run stopped
+            self._checkpoint_safely()
+            self._stopped(runlog, before, Stop.NON_FINITE)
             raise
         except BaseException:
             self._checkpoint_safely()
@@ -254,36 +257,42 @@ class Loop:
             print_summary(summary)
         return summary
 
+    def _stopped(self, runlog: RunLog, before: dict, status: str) -> None:
+        """The summary of a run an exception stops (no evaluation after it), and the sinks closed."""
+        with contextlib.suppress(Exception):  # the summary is a courtesy: the exception stays in front
+            runlog.write_summary(self.summary(before, {}, status))
+        runlog.close()
+
     def _say(self, text: str) -> None:
         if self.dist.is_main:
             console.print(text)
 
     def train_steps(self, runlog: RunLog) -> str:
-        """Updates until the run is done ("done") or Ctrl-C stops it at a rollout step ("interrupted")."""
+        """Updates until the run is done (Stop.DONE) or Ctrl-C stops it at a rollout step (Stop.INTERRUPTED)."""
         shown = self.cfg.run.progress and self.dist.is_main
         plain = shown and not console.is_terminal  # a log file: plain lines instead of a bar
         with GracefulInterrupt() as stop, progress_bar(shown and not plain) as bar:
-            task = bar.add_task(self.cfg.loss.name, total=self.cfg.steps, completed=self.step,
-                                status="")
+            task = bar.add_task(self.cfg.loss.name, total=self.schedule.steps, completed=self.step, status="")
             window, t_step = StepWindow(), time.perf_counter()
-            while self.updates_done < self.total:
+            while self.updates_done < self.schedule.total:
                 self.train_one(window)
                 if not self.at_step_end:
                     continue
                 row = self.end_step(runlog, window, time.perf_counter() - t_step)
                 bar.update(task, advance=1, status=f"reward {row.get('reward/mean', float('nan')):.3f}")
                 step = self.step
-                if plain and (step % plain_every(self.cfg.steps) == 0 or step == self.cfg.steps):
-                    console.print(step_line(step, self.cfg.steps, row), markup=False, highlight=False)
+                steps = self.schedule.steps
+                if plain and (step % plain_every(steps) == 0 or step == steps):
+                    console.print(step_line(step, steps, row), markup=False, highlight=False)
                 window, t_step = StepWindow(), time.perf_counter()
                 if self.until is not None and "eval/reward_sampled" in row and self.until(row):
                     self.target_reached = True
-                    return "done"
+                    return Stop.DONE
                 if self.dist.any(stop.requested):  # every rank stops at the same step
                     if self.checkpointed_at != self.updates_done:
                         self.checkpoint()
-                    return "interrupted"
-        return "done"
+                    return Stop.INTERRUPTED
+        return Stop.DONE
 
     def train_one(self, window: StepWindow) -> None:
         """One update on the next item (asking the source for more, and the learner to prepare them, first)."""
@@ -302,7 +311,7 @@ class Loop:
     def end_step(self, runlog: RunLog, window: StepWindow, seconds: float) -> dict:
         """Reduce the step's metrics once, log them (and samples), evaluate and checkpoint on schedule."""
         step = self.step
-        row = window.metrics(self.source.max_lag, self.dist)
+        row = window.metrics(self.schedule.max_lag, self.dist)
         tokens = row.get("rollout/n_tokens", 0.0)
         row.update({"policy/version": float(self.learner.version), "perf/step_s": seconds,
                     "perf/tokens_per_s": tokens / max(seconds, 1e-9)})
@@ -320,7 +329,7 @@ class Loop:
         if run.log_samples_every and step % run.log_samples_every == 0 and window.last is not None:
             runlog.log_samples(step, sample_rows(self.run, *window.last, run.samples_per_log))
         self.history.append(row)
-        if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.total:
+        if (run.checkpoint_every and step % run.checkpoint_every == 0) or self.updates_done == self.schedule.total:
             self.checkpoint()
         if run.save_policy_every and step % run.save_policy_every == 0:
             self.learner.save_policy(runlog.dir, self.run.tokenizer, to_dict(self.cfg))
@@ -347,7 +356,7 @@ class Loop:
         return result
 
     def _eval_before(self, runlog: RunLog, first: int) -> dict:
-        path = runlog.dir / "eval_before.json"
+        path = runlog.dir / EVAL_BEFORE
         if first == 0 or not path.exists():
             # a shared on-policy start's evaluation is of these weights on these problems: not made again
             before = (self.run.start_eval or self.evaluate(label="before RL")) if first == 0 else {}
@@ -397,7 +406,7 @@ class Loop:
             "mode": cfg.run.mode,
             "run_dir": str(Path(cfg.run.out_dir).resolve()),
             "loss": cfg.loss.name,
-            "staleness_n": cfg.staleness.n,
+            "staleness_n": self.schedule.n,
             "steps_done": self.step,
             "updates_done": self.updates_done,
             "policy_version": self.learner.version,
@@ -456,7 +465,7 @@ def print_summary(summary: dict) -> None:
     console.print(table)
     console.print(f"{summary['steps_done']} steps, {summary['policy_version']} updates, "
                   f"{summary['skipped_updates']} skipped, {summary['seconds']:.0f}s; run directory: {summary['run_dir']}"
-                  f"; trained policy: {Path(summary['run_dir']) / 'policy'}")
+                  f"; trained policy: {Path(summary['run_dir']) / POLICY}")
 
 
 def _fmt(x) -> str:

@@ -20,10 +20,9 @@ import torch
 
 from vespo.errors import CheckpointError, ModelError
 from vespo.models.forward import policy_keys
+from vespo.rundir import CHECKPOINTS, POLICY
 from vespo.trainer.checkpoint import CONFIG_FILE, SHARDS_DIR, latest_checkpoint
 from vespo.trainer.safe_load import read_shards
-
-POLICY_DIR = "policy"
 
 
 def save_run_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any, config: dict,
@@ -40,7 +39,7 @@ def save_run_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any,
         full = AutoModelForCausalLM.from_config(model.config)
         full.load_state_dict(weights)
         model = full
-    return save_policy(model, tokenizer, Path(run_dir) / POLICY_DIR, config)
+    return save_policy(model, tokenizer, Path(run_dir) / POLICY, config)
 
 
 def save_lora_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any, config: dict) -> Path:
@@ -51,7 +50,7 @@ def save_lora_policy(run_dir: str | Path, model: torch.nn.Module, tokenizer: Any
     from vespo.models.loading import save_policy
     from vespo.models.lora import ADAPTER_DIR, merged_policy, save_adapter
 
-    path = save_policy(merged_policy(model), tokenizer, Path(run_dir) / POLICY_DIR, config)
+    path = save_policy(merged_policy(model), tokenizer, Path(run_dir) / POLICY, config)
     final, tmp = Path(run_dir) / ADAPTER_DIR, Path(run_dir) / f"{ADAPTER_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapter(model, tmp, base=config.get("model", {}).get("path"))
@@ -100,18 +99,18 @@ def load_trained_policy(path: str | Path, dtype: str = "float32") -> tuple[torch
     from vespo.models.loading import load_policy
 
     path = Path(path)
-    if (path / POLICY_DIR / "config.json").is_file():
-        model, tokenizer = load_policy(path / POLICY_DIR, dtype=dtype)
-        return model, tokenizer, f"{path / POLICY_DIR} (the run's final policy)"
+    if (path / POLICY / "config.json").is_file():
+        model, tokenizer = load_policy(path / POLICY, dtype=dtype)
+        return model, tokenizer, f"{path / POLICY} (the run's final policy)"
     if (path / SHARDS_DIR).is_dir() and (path / CONFIG_FILE).is_file() and not (path / "config.json").is_file():
         model, tokenizer = policy_from_checkpoint(path, dtype)
         return model, tokenizer, f"{path} (a checkpoint)"
-    if (path / "checkpoints").is_dir():
+    if (path / CHECKPOINTS).is_dir():
         latest = latest_checkpoint(path)
         if latest is None:
-            raise ModelError(f"run directory {path} has no {POLICY_DIR}/ and no complete checkpoint yet; evaluate it "
+            raise ModelError(f"run directory {path} has no {POLICY}/ and no complete checkpoint yet; evaluate it "
                              "after its first checkpoint (run.checkpoint_every), or pass a model directory")
         model, tokenizer = policy_from_checkpoint(latest, dtype)
-        return model, tokenizer, f"{latest} (the run has no {POLICY_DIR}/ yet: its latest checkpoint)"
+        return model, tokenizer, f"{latest} (the run has no {POLICY}/ yet: its latest checkpoint)"
     model, tokenizer = load_policy(path, dtype=dtype)
     return model, tokenizer, str(path)

@@ -7,6 +7,9 @@
     learner.update(item)     -> UpdateResult       one optimizer step; metrics, behaviour rows of a pass
                                                    shared with the update, and what it learned per row
 
+Both sides run on one ``Schedule``, made once from the config (``Run.schedule``): N updates per rollout step,
+the run's steps, and the largest lag a row can have.
+
 Items are immutable: a source fills them once with samples, their rollout log-probs and versions,
 and nothing downstream writes into them. The two implementations of each protocol: LocalSource
 (vespo.trainer.sources) and RaySource (vespo.trainer.ray_source); Learner (vespo.trainer.learner)
@@ -21,9 +24,38 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from vespo.config import Config
 from vespo.losses.diagnostics import Rows
 from vespo.rollout.base import SamplingParams
 from vespo.types import Problem, TrainBatch
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run's schedule: a rollout step is N = staleness.n updates (one metrics row, the unit of run.steps,
+    checkpoints and evaluations), the run ``steps`` of them."""
+
+    n: int  # updates per rollout step
+    steps: int  # rollout steps of the run (cfg.steps)
+    max_lag: int  # the largest lag a row can have: N - 1 in sync mode, async.max_staleness in async mode
+
+    @classmethod
+    def of(cls, cfg: Config) -> Schedule:
+        n = cfg.staleness.n
+        return cls(n, cfg.steps, cfg.async_.max_staleness if cfg.run.mode == "async" else n - 1)
+
+    @property
+    def total(self) -> int:
+        """Updates of the whole run."""
+        return self.steps * self.n
+
+    def step(self, updates: int) -> int:
+        """Rollout steps done after ``updates`` updates."""
+        return updates // self.n
+
+    def ends_step(self, updates: int) -> bool:
+        """``updates`` updates end a rollout step (its row is due; a sync run resumes only there)."""
+        return updates % self.n == 0
 
 
 @dataclass(frozen=True)
@@ -51,8 +83,6 @@ class UpdateResult:
 
 class SampleSource(Protocol):
     """A stream of mini-batches for the learner, in update order."""
-
-    max_lag: int  # the largest lag a row can have (N - 1, or async.max_staleness)
 
     def start(self, first_update: int) -> None:
         """Begin at update ``first_update`` (0, or where a checkpoint left off)."""

@@ -41,6 +41,7 @@ from vespo.errors import UserError
 from vespo.data import PromptStream
 from vespo.models.lora import base_state, has_lora
 from vespo.rollout.base import SamplingParams
+from vespo.rundir import VERSIONS
 from vespo.trainer.producer import PromptBatch, PromptSampler
 from vespo.trainer.protocols import Learner, TrainItem
 from vespo.trainer.run import Run
@@ -87,9 +88,8 @@ class RaySource:
     def __init__(self, run: Run, learner: Learner):
         self.run, self.cfg, self.learner = run, run.cfg, learner
         self.a = run.cfg.async_
-        self.max_lag = self.a.max_staleness
-        self.bound = StalenessBound(self.a.max_staleness)
-        self.total = run.cfg.total_updates
+        self.bound = StalenessBound(run.schedule.max_lag)
+        self.total = run.schedule.total
         self.stream = PromptStream(run.train_problems, seed=run.cfg.run.seed)
         self.prompts = PromptSampler(run.tokenizer, self.stream, run.cfg.rollout.group_size)
         self.queue = TicketQueue()
@@ -289,7 +289,7 @@ class RaySource:
 
     def _open_versions_log(self, first: int) -> None:
         """RUN_DIR/versions.jsonl: per update, the learner version and each row's token versions."""
-        path = Path(self.cfg.run.out_dir) / "versions.jsonl"
+        path = Path(self.cfg.run.out_dir) / VERSIONS
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
         if first > 0 and path.exists():

@@ -11,6 +11,7 @@ in the sample sources (vespo.trainer.sources, vespo.trainer.ray_source).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from vespo.config import Config, ConfigError
 from vespo.rewards import RewardScorer
 from vespo.rollout.base import SamplingParams
 from vespo.tasks.base import HELD_OUT_SEED_OFFSET, Task
+from vespo.trainer.protocols import Schedule
 from vespo.types import Problem
 
 
@@ -37,6 +39,11 @@ class Run:
     scorer: RewardScorer
     warmstart: dict[str, float] = field(default_factory=dict)
     start_eval: dict[str, float] | None = None  # the on-policy start's held-out evaluation of these weights
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """Updates per rollout step, steps, largest lag: the loop and the sample source read this one value."""
+        return Schedule.of(self.cfg)
 
     def rewards(self, completions: list[str], problems: list[Problem]) -> list[float]:
         """Rewards of a batch, each completion against its problem; a failed reward is NaN (reported by

@@ -1,14 +1,6 @@
-"""A run directory's record: the metric sinks (jsonl, TensorBoard, W&B), resume-safe metrics.jsonl, progress
-bar, summary.
-
-    RUN_DIR/config.yaml         the resolved config
-    RUN_DIR/metrics.jsonl       one row per rollout step ("step" = rollout steps done)
-    RUN_DIR/samples.jsonl       a few rows per run.log_samples_every steps: prompt, completion, reward, ...
-    RUN_DIR/tb/                 TensorBoard events
-    RUN_DIR/summary.json        reward before and after, collapse flags, timings
-    RUN_DIR/checkpoints/        see vespo.trainer.checkpoint
-    RUN_DIR/policy/             see vespo.trainer.policy_dir
-    RUN_DIR/.lock               held (fcntl) by the process running the run: one process per run directory
+"""A run directory's record as a run writes it: the metric sinks (jsonl, TensorBoard, W&B), resume-safe
+metrics.jsonl, progress bar, summary, and the lock one process holds on the directory. The layout (file names,
+readers, the summary's stop reasons) is vespo.rundir's.
 
 Without a terminal (nohup, a batch job, CI) the progress bar gives way to one plain line per step (or
 every few steps): step, reward, loss, ESS, seconds per step; no line is wrapped.
@@ -32,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vespo.config import Config, to_dict
 from vespo.errors import RunDirError
+from vespo.rundir import CONFIG, LOCK, METRICS, SAMPLES, TB, write_atomic, write_summary
 
 console = Console(stderr=True, soft_wrap=True)  # a path stays whole in a log file, whatever its length
 
@@ -121,8 +114,8 @@ class RunLog:
 
     def __init__(self, cfg: Config, resume_step: int | None, writes: bool = True):
         self.dir = Path(cfg.run.out_dir)
-        self.metrics_path = self.dir / "metrics.jsonl"
-        self.samples_path = self.dir / "samples.jsonl"
+        self.metrics_path = self.dir / METRICS
+        self.samples_path = self.dir / SAMPLES
         self.writes = writes
         self.sinks: list[MetricSink] = []
         if not writes:
@@ -133,12 +126,12 @@ class RunLog:
         if resume_step is not None:  # rows written after the checkpoint the run resumes from
             truncate_metrics(self.metrics_path, resume_step)
             truncate_metrics(self.samples_path, resume_step)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (self.dir / CONFIG).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         for name in cfg.run.loggers:
             if name == "jsonl":
                 self.sinks.append(JsonlSink(self.metrics_path))
             elif name == "tensorboard":
-                self.sinks.append(TensorBoardSink(self.dir / "tb"))
+                self.sinks.append(TensorBoardSink(self.dir / TB))
             elif name == "wandb":
                 self.sinks.append(WandbSink(self.dir, to_dict(cfg), name=self.dir.name))
 
@@ -159,7 +152,7 @@ class RunLog:
 
     def write_summary(self, summary: dict) -> None:
         if self.writes:
-            write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2))
+            write_summary(self.dir, summary)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -190,7 +183,7 @@ def hold_run_dir(out_dir: str | Path):
     made = None if out.exists() else made
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / ".lock", "a+")
+        lock = open(out / LOCK, "a+")
     except OSError as e:
         raise RunDirError(f"run.out_dir {out} cannot be written ({e.strerror}); choose a writable run.out_dir"
                           ) from None
@@ -212,7 +205,7 @@ def hold_run_dir(out_dir: str | Path):
     try:
         yield out
     except BaseException:
-        if made is not None and [p.name for p in made.rglob("*") if p.is_file()] == [".lock"]:
+        if made is not None and [p.name for p in made.rglob("*") if p.is_file()] == [LOCK]:
             shutil.rmtree(made, ignore_errors=True)
         raise
     finally:
@@ -227,13 +220,6 @@ def truncate_metrics(path: Path, step: int) -> None:
     lines = path.read_text().split("\n")[:-1]  # only lines that were written whole
     rows = [r for r in map(json.loads, filter(None, lines)) if r["step"] <= step]
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that a crash leaves the old content or the new, never a torn one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def step_line(step: int, steps: int, row: dict[str, float]) -> str:

@@ -42,8 +42,7 @@ class LocalSource:
     def __init__(self, run: Run, learner: Learner, dist: Dist | None = None, engine=None):
         self.cfg, self.learner = run.cfg, learner
         self.dist = dist or Dist.single()
-        self.n = run.cfg.staleness.n
-        self.max_lag = self.n - 1
+        self.schedule = run.schedule
         # the engine runs the learner's own module where it can (one process, nothing trains while it samples)
         self.engine = engine if engine is not None else run.make_engine(run.policy, share=not self.dist.active)
         self.engine_version: int | None = None  # learner version whose weights the engine holds
@@ -55,14 +54,14 @@ class LocalSource:
         self.next_index = 0
 
     def start(self, first_update: int) -> None:
-        if first_update % self.n:
+        if not self.schedule.ends_step(first_update):
             raise ValueError(f"a sync run resumes at a rollout-step boundary; update {first_update} is not a "
-                             f"multiple of staleness.n={self.n}")
+                             f"multiple of staleness.n={self.schedule.n}")
         self.next_index = first_update
 
     def next(self) -> list[TrainItem]:
         """One rollout batch at the learner's current version, as N items in update order."""
-        cfg, step, dist = self.cfg, self.next_index // self.n, self.dist
+        cfg, step, dist = self.cfg, self.schedule.step(self.next_index), self.dist
         t0 = time.perf_counter()
         self._sync_engine()
         n_prompts = cfg.prompts_per_step
@@ -75,8 +74,8 @@ class LocalSource:
         perf = {**info, "perf/rollout_s": gen_s, "perf/rollout_tokens_per_s": float(rows["length"].sum()) / gen_s}
         items = [TrainItem(self.next_index + j, mb, sampled_version=self.learner.version,
                            rollout_rows=rows if j == 0 else {}, perf=perf if j == 0 else {})
-                 for j, mb in enumerate(split_minibatches(batch, self.n, shuffle))]
-        self.next_index += self.n
+                 for j, mb in enumerate(split_minibatches(batch, self.schedule.n, shuffle))]
+        self.next_index += self.schedule.n
         return items
 
     def _sync_engine(self) -> None:
