@@ -88,8 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
-    cfg = load_config(str(ROOT / "configs" / "smollm2_chain_sum.yaml"),
-                      [f"run.threads={args.threads}", "model.autocast=false", "task.train_size=256", "task.eval_size=0"])
+    overrides = [f"run.threads={args.threads}", "model.autocast=false", "task.train_size=256", "task.eval_size=0"]
+    cfg = load_config(str(ROOT / "configs" / "smollm2_chain_sum.yaml"), overrides)
     run = build_run(cfg, log=lambda *_: None)
     policy = run.policy.eval()
     sampler = PromptSampler(run.tokenizer, PromptStream(run.train_problems, seed=0), args.group)
