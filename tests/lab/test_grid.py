@@ -77,7 +77,7 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
     assert {stem for stem, _, _ in points} == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry",
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
-                                               "mismatch_peers", "real_staleness", "real_stability"}
+                                               "mismatch_peers", "real_staleness", "real_stability", "real_mismatch"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -90,11 +90,15 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
         # the paper's GRPO baseline: clip-higher
         if cfg.loss.name == "grpo":
             assert (cfg.loss.options.eps_low, cfg.loss.options.eps_high) == (0.2, 0.28), (stem, name)
-        if stem in ("real_staleness", "real_stability"):  # the real-model recipe: its own task, a smaller held-out set
-            assert cfg.task.name == "rg:chain_sum" and cfg.task.eval_size >= 256, name
+        if stem in ("real_staleness", "real_stability", "real_mismatch"):  # the real-model recipe: its own task,
+            assert cfg.task.name == "rg:chain_sum" and cfg.task.eval_size >= 256, name  # a smaller held-out set
             if stem == "real_stability":  # a stability test: a shared on-policy start, >= 8 rollout batches at N = 16
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 assert cfg.steps >= 8 or cfg.staleness.n == 1, name
+            if stem == "real_mismatch":  # the engine's bf16 against a float32 learner is the only gap: N = 1
+                assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
+                assert (cfg.rollout.engine, cfg.rollout.engine_dtype, cfg.model.autocast) == ("vllm", "bfloat16", False)
+                assert cfg.staleness.n == 1, name
             continue
         if stem != "quick":  # held-out sampling error <= sqrt(0.25 / 1024) = 0.016; every 64 updates on 256
             assert cfg.task.eval_size >= 1000, (stem, name)
@@ -211,7 +215,7 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
-                "mismatch_peers", "real_staleness", "real_stability"]
+                "mismatch_peers", "real_staleness", "real_stability", "real_mismatch"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():

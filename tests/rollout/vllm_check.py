@@ -119,6 +119,14 @@ def engine_check() -> dict:
                       "early_gap_old": gap(part.logprobs, recompute(model, part, plain), early),
                       "late_gap_new": gap(part.logprobs, recompute(new, part, plain), late),
                       "late_gap_old": gap(part.logprobs, recompute(model, part, plain), late)}
+
+    # 6. a seeded batch whose prompts exceed vLLM's CPU default token budget per step (4096): 160 x 40 tokens
+    version += 1
+    engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version)
+    big = [tok.encode(f"{i:02d}" + "1234567890+" * 3 + "12345=") for i in range(80)] * 2
+    wide = engine.generate(big, SamplingParams(max_new_tokens=4), seed=5)
+    out["big_batch"] = {"rows": len(big), "prompt_tokens": sum(map(len, big)), "tokens": int(wide.response_mask.sum()),
+                        "gap": gap(wide.logprobs, recompute(model, wide, plain), wide.response_mask)}
     return out
 
 

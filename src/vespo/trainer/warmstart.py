@@ -134,11 +134,14 @@ _NOT_IN_START = ("loss", "staleness.n", "async")
 def on_policy_config(cfg: Config) -> Config:
     """The start's run: this run at staleness.n = 1 on its own mini-batch with VESPO (on policy, every loss's update
     is REINFORCE's), warmstart.steps updates, a held-out check every warmstart.check_every updates when a target is
-    set, sync mode, written into the cache (no checkpoints: a start killed part-way is run again)."""
+    set, sync mode, written into the cache (no checkpoints: a start killed part-way is run again). mu is the
+    trainer's recompute whatever the run's staleness.behavior (``_start_behavior``): on policy W = 1 exactly, so the
+    conditions of a seed that differ in mu (an engine's log-probs or the recompute) share one start."""
     data = to_dict(cfg)
     w = cfg.warmstart
     data["loss"] = {"name": "vespo"}
-    data["staleness"] = {**data["staleness"], "n": 1, "minibatch_prompts": cfg.prompts_per_minibatch}
+    data["staleness"] = {**data["staleness"], "n": 1, "minibatch_prompts": cfg.prompts_per_minibatch,
+                         "behavior": _start_behavior(cfg)}
     data["rollout"]["prompts_per_step"] = cfg.prompts_per_minibatch
     data["warmstart"] = {"enabled": False}
     data.pop("async", None)
@@ -147,6 +150,13 @@ def on_policy_config(cfg: Config) -> Config:
                    "eval_every_updates": w.check_every if w.target_accuracy > 0 else 0,
                    "checkpoint_every": 0, "save_policy_every": 0}
     return from_dict(data)
+
+
+def _start_behavior(cfg: Config) -> str:
+    """mu of the start's updates: the recompute where the run asks for the engine's log-probs (rollout), else the
+    run's own setting (auto is the recompute in the start's sync mode; kept as written, so the keys of the starts
+    made before stay the same)."""
+    return "recompute" if cfg.staleness.behavior == "rollout" else cfg.staleness.behavior
 
 
 def on_policy_dir(cfg: Config) -> Path:
@@ -159,6 +169,7 @@ def on_policy_dir(cfg: Config) -> Path:
         else:
             data.pop(section, None)
     data["rollout"].pop("prompts_per_step", None)
+    data["staleness"]["behavior"] = _start_behavior(cfg)
     run = data.pop("run")
     data["run"] = {k: run[k] for k in ("seed", "threads", "eval_every_size") if k in run}
     data["warmstart"].pop("cache_dir")
