@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # free disk where the environments and pytest's temporary directories go: a full disk fails tests far from its cause
-disk() { df -Ph . "${TMPDIR:-/tmp}" | awk -v when="$1" 'NR > 1 { print "test.sh: disk " when ": " $4 " free on " $6 }'; }
+disk() { df -Ph . "${TMPDIR:-/tmp}" | awk -v when="$1" 'NR > 1 && !seen[$6]++ { print "test.sh: disk " when ": " $4 " free on " $6 }'; }
 disk "before setup"
 # Both environments are built from their locks (locks/main.txt, locks/verl.txt: the exact versions the
 # suite passed on; scripts/setup_env.sh), and return at once when built before. verl pins an older
