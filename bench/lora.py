@@ -143,7 +143,7 @@ def main() -> None:
     if args.child:
         return child(args.child, args)
     print(f"{MODEL}: full weights vs LoRA rank {args.rank}, {args.threads} threads on {os.cpu_count()} cores, "
-          f"{'bf16-mixed' if args.bf16 else 'float32'}, {args.engine} engine, code {args.src or 'installed'}; "
+          f"{'bf16-mixed' if args.bf16 else 'float32'}, {args.engine} engine, code {args.src or 'the vespo on sys.path'}; "
           f"load average {load_average()}", flush=True)
     runs: dict = {s: [] for s in SYSTEMS}
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)
