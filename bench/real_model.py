@@ -249,7 +249,7 @@ class Phases:
         setattr(owner, name, timed)
 
 
-def vespo_run(steps: int, extra: list[str], bf16: bool = False) -> dict:
+def vespo_run(steps: int, extra: list[str], bf16: bool = False, own_engine: bool = False) -> dict:
     import torch
     from steps import stepper
 
@@ -264,7 +264,7 @@ def vespo_run(steps: int, extra: list[str], bf16: bool = False) -> dict:
 
     base_rss = rss_bytes()
     cfg = load_config(None, vespo_overrides(steps) + extra)
-    s = stepper(cfg)
+    s = stepper(cfg, own_engine=own_engine)
     built_rss = rss_bytes()
     phases = Phases()
     phases.wrap(s.engine, "generate", "rollout")

@@ -3,6 +3,7 @@ checkout (before the trainer became one loop fed by a sample source: ``vespo.tra
 ``vespo.trainer.sync``), so a bench can time both with the same script.
 
     s = stepper(cfg)                  # builds the run (this code: run, learner, LocalSource, Loop)
+    s = stepper(cfg, own_engine=True) # the engine with its own copy of the weights, as `vespo train` builds it
     tokens = s.step(k)                # rollout step k: rollout, rewards, μ, N updates; completion tokens
     s.engine, s.producer, s.learner   # the parts a profiler wraps (producer: the scorer of rewards and
                                       # advantages; an older checkout's RolloutProducer)
@@ -22,7 +23,9 @@ class Stepper:
     step: Callable[[int], float]  # rollout step index -> completion tokens sampled in it
 
 
-def stepper(cfg) -> Stepper:
+def stepper(cfg, own_engine: bool = False) -> Stepper:
+    """``own_engine``: the rollout engine gets its own copy of the policy (weights pushed each rollout step), as
+    ``vespo train`` builds it in sync mode; else it runs the learner's module where it can (one copy fewer)."""
     try:
         from vespo.trainer.loop import Loop
     except ImportError:  # an older checkout: setup.build + sync.train_step
@@ -44,7 +47,7 @@ def stepper(cfg) -> Stepper:
 
     run = build_run(cfg, log=lambda *a: None)
     learner = make_learner(cfg, run.policy)
-    source = LocalSource(run, learner)
+    source = LocalSource(run, learner, engine=run.make_engine(run.policy) if own_engine else None)
     loop = Loop(run, learner, source)
     source.start(0)
     if hasattr(source, "producer"):  # an older checkout: train_one() returns (item, metrics)

@@ -216,3 +216,52 @@ def test_activation_checkpointing_trains_the_same_adapters(make_cfg):
     assert all(not torch.equal(v, torch.zeros_like(v)) for k, v in states[1].items() if ".lora_B." in k)
     for k in states[0]:
         torch.testing.assert_close(states[1][k], states[0][k], rtol=0, atol=1e-6)
+
+
+def test_an_own_engine_generates_with_the_adapters_merged_and_merges_again_from_the_frozen_base(make_cfg):
+    """The engine's copy decodes with W + (alpha / r) B A in its weights (peft's adapter path never runs while it
+    samples), its log-probs stay the learner's, the learner's base is untouched, and merging after each push starts
+    from W: pushing the old adapters back gives the first merge's weights bit for bit (no drift)."""
+    from peft.tuners.lora import LoraLayer
+
+    from vespo.models.lora import merged_state
+
+    run, learner, source = _learner(make_cfg)
+    base_before = {k: v.clone() for k, v in base_state(run.policy).items()}
+    first = learner.weights()
+    first = {k: v.clone() for k, v in first.items()}
+    _train_one_batch(source, learner)
+    engine = run.make_engine(run.policy)
+    adapter_calls = []
+    for layer in (m for m in engine.model.modules() if isinstance(m, LoraLayer)):
+        layer.lora_A.default.register_forward_hook(lambda *a: adapter_calls.append(1))
+    prompts = source.sampler.sample(4, first_group_id=0).prompt_ids
+    assert _gap(engine, learner, prompts, run.sampling) < 1e-5
+    assert adapter_calls == []  # every token decoded through the merged weights alone
+    merged = merged_state(learner.model)
+    own = {k.replace(".base_layer.", "."): v for k, v in engine.model.state_dict().items() if not is_adapter_key(k)}
+    assert all(torch.equal(own[k], merged[k]) for k in merged)  # W + (alpha / r) B A, formed as the export forms it
+    assert all(torch.equal(base_before[k], v) for k, v in base_state(run.policy).items())  # the learner's base
+
+    engine.load_weights(first, learner.version + 1)  # the adapters before the update: back to the first merge
+    again = run.make_engine(run.policy)
+    again.load_weights(first, learner.version + 1)
+    fresh = {k: v for k, v in again.model.state_dict().items()}
+    assert all(torch.equal(v, fresh[k]) for k, v in engine.model.state_dict().items())
+    assert _gap(engine, learner, prompts, run.sampling) > 1e-3  # the old adapters: not the learner's policy
+
+
+def test_a_bf16_engine_merges_from_the_float32_base_and_adapters(make_cfg):
+    """In bfloat16 the merged weight is bf16(W + (alpha / r) B A) with the sum in float32 (the merged policy cast
+    once), not a sum of bf16 parts, and its log-probs stay within bf16's reach of the learner's."""
+    from vespo.models.lora import merged_state
+
+    run, learner, source = _learner(make_cfg, "rollout.engine_dtype=bfloat16")
+    _train_one_batch(source, learner)
+    engine = run.make_engine(run.policy)
+    engine.load_weights(learner.weights(), learner.version)
+    merged = merged_state(learner.model)
+    own = {k.replace(".base_layer.", "."): v for k, v in engine.model.state_dict().items() if not is_adapter_key(k)}
+    assert all(torch.equal(own[k], merged[k].to(torch.bfloat16)) for k in merged)
+    prompts = source.sampler.sample(4, first_group_id=0).prompt_ids
+    assert _gap(engine, learner, prompts, run.sampling) < 0.1

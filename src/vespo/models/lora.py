@@ -9,10 +9,15 @@ frozen, and only A and B require gradients, so the learner's optimizer holds the
     adapter_state(policy)                   the adapters' tensors: what a weight push sends to an engine
     base_state(policy)                      the frozen base's tensors: what an engine is built with, once
     merged_policy(policy)                   a plain model of the same architecture, W + (alpha / r) B A
+    merge_adapters(model, bases)            each adapted weight set to W + (alpha / r) B A in place (an engine's copy)
     save_adapter(policy, path, base)        the adapters alone as a peft directory (PeftModel.from_pretrained)
 
 An engine built from a copy of the policy (with its adapters) holds the base once; every later push loads the
-adapters only (``HFEngine.load_weights`` accepts a state dict of exactly the adapter keys).
+adapters only (``HFEngine.load_weights`` accepts a state dict of exactly the adapter keys). The engine generates with
+the adapters merged (``merge_adapters``): each adapted module's weight holds W + (alpha / r) B A, formed in float32
+from the frozen W it keeps aside, so a decode step runs the plain model's matmuls and none of peft's per-module
+adapter path (two extra small matmuls, a scale and an add per module per token); every push merges again from W,
+never by subtracting the old product, so the merged weights do not drift.
 """
 
 from __future__ import annotations
@@ -127,6 +132,33 @@ def merged_policy(model: nn.Module) -> PreTrainedModel:
     if set(result.missing_keys) - tied or result.unexpected_keys:
         raise KeyError(f"merged_policy: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
     return plain.eval()
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The modules that carry adapters (peft's LoraLayer), by name."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def frozen_bases(model: nn.Module) -> dict[str, Tensor]:
+    """Each adapted module's frozen weight W (the tensor itself, detached: no copy), by module name."""
+    return {name: m.get_base_layer().weight.detach() for name, m in lora_layers(model).items()}
+
+
+def merge_adapters(model: nn.Module, bases: dict[str, Tensor]) -> None:
+    """Write W + (alpha / r) B A into each adapted module's weight, in place, and mark the adapter merged (peft's
+    forward then runs the module's base layer alone). ``bases``: each module's W, which this never writes; the sum is
+    formed in float32 (or the wider dtype of W) from W and the module's own A and B, then cast to the weight's dtype.
+    Merging again after new adapters load starts from W again: the result is the same as merging once."""
+    for name, module in lora_layers(model).items():
+        weight = module.get_base_layer().weight
+        base = bases[name]
+        exact = torch.promote_types(base.dtype, torch.float32)
+        delta = module.get_delta_weight(ADAPTER).detach().to(exact)
+        with torch.no_grad():
+            weight.copy_((base.to(exact) + delta).to(weight.dtype))
+        module.merged_adapters = [ADAPTER]
 
 
 def save_adapter(model: nn.Module, path: str | Path, base: str | None = None) -> Path:

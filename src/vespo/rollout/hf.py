@@ -12,6 +12,13 @@ runs between two ``advance`` calls, the KV cache is rebuilt from the tokens so f
 weights before decoding continues. That re-prefill also re-records the routing of every position
 it runs: the routing kept is the newest weights', the one the rebuilt cache was computed with.
 
+On a policy with LoRA adapters (vespo.models.lora), an engine with its own copy generates with the adapters merged
+into its weights (W + (alpha / r) B A, formed in float32 from the frozen W, which it keeps by reference to the
+policy's own tensor where they share a device, so no second copy in one process): a decode step runs the plain
+model's matmuls, not peft's adapter path beside each of them. Its adapters stay in float32 and every push merges
+again from W. An engine sharing the trainer's module runs the adapters unmerged (merging would write the trainer's
+frozen weights).
+
 Two shortcuts that change nothing but speed (tests/rollout/test_hf_fast.py): the first prefill
 runs each distinct prompt once and copies its cache to the G rows of its group, and rows that
 produced EOS leave the decode batch (they still draw their random numbers, so every row samples
@@ -31,7 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from vespo.models.kv_cache import run_with_cache
 from vespo.models.loading import resolve_dtype
 from vespo.models.logprobs import distinct_rows, positions_from_mask
-from vespo.models.lora import is_adapter_key
+from vespo.models.lora import adapter_state, frozen_bases, has_lora, is_adapter_key, lora_layers, merge_adapters
 from vespo.models.moe import is_moe, moe_routers, record_routing, stack_routing
 from vespo.rollout.base import SamplingParams, sample_tokens, sampling_logprobs
 from vespo.types import Rollout
@@ -94,6 +101,16 @@ class HFEngine:
             self.model.requires_grad_(False)
             if attn_implementation is not None:
                 self.model.set_attn_implementation(attn_implementation)
+        # LoRA on an own copy: each adapted module's frozen W (the policy's tensor where it is on this device), the
+        # adapters in float32 (the learner's values exactly), merged into the weights the engine decodes with
+        self.bases: dict[str, Tensor] | None = None
+        if has_lora(model) and not share_weights:
+            self.bases = {name: w.to(self.device) for name, w in frozen_bases(model).items()}
+            for layer in lora_layers(self.model).values():
+                layer.lora_A.float()
+                layer.lora_B.float()
+            self.model.load_state_dict(adapter_state(model), strict=False)
+            merge_adapters(self.model, self.bases)
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
         self.record_routing = record_routing and is_moe(self.model)
@@ -120,6 +137,12 @@ class HFEngine:
         missing = [k for k in result.missing_keys if k not in _tied_keys(self.model) and k not in frozen]
         if missing or result.unexpected_keys:
             raise KeyError(f"load_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
+        if self.bases is not None:  # a new base replaces the kept W (by reference); then merge again from W
+            for name in self.bases:
+                key = f"{name}.base_layer.weight"
+                if key in state_dict:
+                    self.bases[name] = state_dict[key].detach().to(self.device)
+            merge_adapters(self.model, self.bases)
         self._version = int(version)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
