@@ -63,7 +63,8 @@ def measure(args: argparse.Namespace) -> dict:
             response_ids=torch.randint(4, len(tok), (rows, T), generator=gen), response_mask=torch.ones(rows, T),
             rollout_logp=-torch.rand(rows, T, generator=gen) * 3, rewards=torch.randn(rows, generator=gen),
             advantages=torch.randn(rows, generator=gen), group_ids=torch.arange(rows) // 8, versions=zeros,
-            versions_max=zeros, truncated=torch.zeros(rows, dtype=torch.bool))
+            versions_max=zeros, token_versions=torch.zeros(rows, T, dtype=torch.long),
+            truncated=torch.zeros(rows, dtype=torch.bool))
         return TrainItem(index, batch, sampled_version=None)
 
     def update(index: int) -> None:

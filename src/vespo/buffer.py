@@ -5,7 +5,9 @@ in-order queue of finished mini-batches, and the version-lag statistics.
 Staleness, exactly: the policy version counts optimizer steps. A rollout batch sampled at version
 v is split into N mini-batches; mini-batch j (0-based) is trained at version v + j, so its lag is j.
 In async mode a row's lag is ``u - v_min``: u = the learner's version when the row is trained,
-v_min = the oldest version that sampled one of its tokens (partial rollouts span versions).
+v_min = the oldest version that sampled one of its tokens (partial rollouts span versions). A token's
+lag is ``u - v_t``, v_t = the version that sampled it (``TrainBatch.token_versions``): what decoupled_ppo's
+proximal policy reads (``token_lags``), and what ``token_lag_stats`` logs.
 """
 
 from __future__ import annotations
@@ -120,3 +122,31 @@ def lag_stats(lags: Tensor, spans: Tensor, max_staleness: int) -> dict[str, floa
         "staleness/partial_frac": float((spans > 0).double().mean()),
     })
     return out
+
+
+def token_lags(batch: TrainBatch, version: int | Tensor) -> Tensor:
+    """Versions each response token is behind ``version`` (the learner's when it trains the batch: an int, or [B]
+    per row): ``version - token_versions`` on valid tokens, 0 on padding.  # [B, T] int64"""
+    at = torch.as_tensor(version, dtype=torch.long, device=batch.token_versions.device).reshape(-1, 1)  # [1|B, 1]
+    return torch.where(batch.response_mask > 0, at - batch.token_versions, 0)
+
+
+def token_lag_rows(batch: TrainBatch, lags: Tensor) -> dict[str, Tensor]:
+    """Per row [B] float64, for ``token_lag_stats``: valid tokens, the sum of their lags, and how many of them a
+    version newer than the row's oldest sampled. ``lags`` [B]: each row's lag when trained (``u - v_min``)."""
+    valid = batch.response_mask > 0  # [B, T]
+    lag = token_lags(batch, lags.long() + batch.versions)  # u = lag + v_min, the learner's version when trained
+    newer = valid & (batch.token_versions > batch.versions[:, None])  # [B, T]
+    return {"tokens": valid.sum(dim=1).double(), "token_lag_sum": lag.sum(dim=1).double(),
+            "newer": newer.sum(dim=1).double()}
+
+
+def token_lag_stats(rows: dict[str, Tensor]) -> dict[str, float]:
+    """``staleness/token_lag_mean`` (mean lag of the trained response tokens) and ``staleness/token_newer_frac``
+    (the share of them sampled by a version newer than their row's oldest: > 0 only with partial rollouts), formed
+    from the summed rows of ``token_lag_rows``; {} without tokens."""
+    tokens = float(rows["tokens"].sum()) if rows else 0.0
+    if tokens == 0:
+        return {}
+    return {"staleness/token_lag_mean": float(rows["token_lag_sum"].sum()) / tokens,
+            "staleness/token_newer_frac": float(rows["newer"].sum()) / tokens}

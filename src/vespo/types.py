@@ -69,6 +69,10 @@ class TrainBatch:
     group_ids: Tensor  # [B] int64, responses to the same prompt share a group id
     versions: Tensor  # [B] int64, the oldest policy version that sampled a token of the row
     versions_max: Tensor  # [B] int64, the newest (differs from `versions` for partial rollouts)
+    # [B, T] int64: the policy version that sampled each response token (0 on padding); over a row's valid
+    # tokens its min is `versions` and its max `versions_max` (they differ where a partial rollout went on
+    # under newer weights)
+    token_versions: Tensor
     truncated: Tensor  # [B] bool
     # [B, P+T, L, K] int64: MoE experts routed at each position of cat(prompt, response), -1 where the
     # live router chooses: the engine's record (R3) as delivered; in the learner's copy, what every
@@ -126,7 +130,7 @@ class TrainBatch:
                 parts = [torch.cat([pad(r[:, : b.prompt_ids.shape[1]], P, True, -1),
                                     pad(r[:, b.prompt_ids.shape[1]:], T, False, -1)], dim=1)
                          for r, b in zip(parts, batches)]
-            elif name in ("response_ids", "response_mask", "rollout_logp", "old_logp"):
+            elif name in ("response_ids", "response_mask", "rollout_logp", "old_logp", "token_versions"):
                 parts = [pad(p, T, False, pad_id if name == "response_ids" else 0) for p in parts]
             out[name] = torch.cat(parts, dim=0)
         return TrainBatch(**out)

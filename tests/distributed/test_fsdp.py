@@ -46,7 +46,7 @@ def recorded_minibatches(n: int = 3, rows: int = 8) -> list[dict]:
                     "response_ids": rollout.response_ids[sel], "response_mask": rollout.response_mask[sel],
                     "rollout_logp": rollout.logprobs[sel], "rewards": adv, "advantages": adv,
                     "group_ids": torch.arange(rows) // 4, "versions": zeros, "versions_max": zeros,
-                    "truncated": rollout.truncated[sel]})
+                    "token_versions": torch.zeros_like(rollout.response_ids[sel]), "truncated": rollout.truncated[sel]})
     return out
 
 

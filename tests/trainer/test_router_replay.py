@@ -47,7 +47,8 @@ def batch_of(rollout, seed=0) -> TrainBatch:
     return TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
                       response_ids=rollout.response_ids, response_mask=rollout.response_mask,
                       rollout_logp=rollout.logprobs, rewards=adv, advantages=adv, group_ids=torch.arange(B) // 4,
-                      versions=zeros, versions_max=zeros, truncated=rollout.truncated,
+                      versions=zeros, versions_max=zeros,
+                      token_versions=torch.zeros_like(rollout.response_ids), truncated=rollout.truncated,
                       routed_experts=rollout.routed_experts)
 
 

@@ -2,12 +2,15 @@
 
 AReaL (inclusionAI/AReaL, commit 4aef98d8d818af55b43621aaadba047ae10f4e77; `use_decoupled_loss=True`,
 `prox_logp_method="loglinear"`): areal/trainer/ppo/actor.py `compute_prox_logp_approximations` and
-areal/utils/functional/functional.py `ppo_actor_loss_fn`, `apply_rejection_sampling`. With mu = the engine's
-log-probs (staleness.behavior=rollout) and row i L_i versions behind the learner, AReaL's versions are
-v_behave = v - L_i, v_prox = v (the weights at the step's start) and v_theta = v + 1 (the version the step makes):
+areal/utils/functional/functional.py `ppo_actor_loss_fn`, `apply_rejection_sampling`. AReaL's version counts the
+trainer's weight updates: areal/trainer/rl_trainer.py sets actor and rollout to `global_step + 1` after the update
+of step `global_step`, and areal/infra/remote_inf_engine.py tags each generated token with the rollout's version,
+so a token sampled by the weights being trained has v_behave = current_version. vespo's versions count the same
+(TrainBatch.token_versions; the learner's version = its optimizer steps), and token t of row i is
+L_it = v - v_it versions behind the learner. AReaL's v_theta = current_version = v, v_prox = v - 1, v_behave = v - L:
 
-    alpha_i  = (v_prox - v_behave) / (v_theta - v_behave) = L_i / (L_i + 1)
-    log pi_prox = log mu + alpha_i (sg[logp] - log mu)                   (log-linear interpolation, no forward)
+    alpha_it = clamp((v_prox - v_behave) / (v_theta - v_behave), 0, 1) = (L_it - 1) / L_it for L_it >= 1, 0 at L_it = 0
+    log pi_prox = log mu + alpha (sg[logp] - log mu)                     (log-linear interpolation, no forward)
     r_t      = exp(clamp(logp_t - log pi_prox_t, +-20))     value (pi / mu)^(1 - alpha), gradient r grad logp
     l_t      = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))     (min(., -A c) for A < 0 with dual_clip_c)
     l_t     *= b_t   with behave: none  b = 1                            (AReaL's default: rejection_sampling None)
@@ -15,13 +18,15 @@ v_behave = v - L_i, v_prox = v (the weights at the step's start) and v_theta = v
                                   clamp b = clamp(w, behave_low or 0, behave_high)
     L        = agg(l)                                                    default token-mean (AReaL: / all loss tokens)
 
-Defaults AReaL's: eps = 0.2 / 0.2 (eps_clip, eps_clip_higher None), no dual clip (c_clip None), no behaviour weight;
-with mask or clamp, behave_high = 5 (its RejectionSamplingConfig.upper), token level, metric "ratio". At lag 0
-alpha = 0: pi_prox = mu and this is PPO on pi / mu. With mu recomputed (staleness.behavior=recompute) every row is at
-lag 0 and mu is the exact pi_prox; a call without lags (the verl and TRL integrations) counts every row at lag 0.
-Where it differs from AReaL: AReaL reads each token's version, here each row's oldest (TrainBatch.versions; the same
-but for partial rollouts); w = exp(clamp(alpha d, +-20)) (AReaL: unclamped, float32); AReaL's sequence-level
-and k1/k2/k3 behaviour filters are not built (vespo's rollout_correction mode=reject filters on pi / pi_rollout).
+So alpha is 0 at lags 0 and 1 (pi_prox = mu: PPO on pi / mu), 1/2 at lag 2, 2/3 at lag 3. Each token reads its own
+lag (LossInputs.token_lag; a partial rollout's row spans versions); a caller with one lag per row (LossInputs.lag)
+gets it for every token of the row, and a call with neither (the verl and TRL integrations) counts every token at
+lag 0. Defaults AReaL's: eps = 0.2 / 0.2 (eps_clip, eps_clip_higher None), no dual clip (c_clip None), no behaviour
+weight; with mask or clamp, behave_high = 5 (its RejectionSamplingConfig.upper), token level, metric "ratio".
+Where it differs from AReaL: AReaL's version steps once per rollout batch (its ppo_n_minibatches optimizer steps
+share one version), vespo's once per optimizer step (the same at one mini-batch per batch); w = exp(clamp(alpha d,
++-20)) (AReaL: unclamped, float32); AReaL's sequence-level and k1/k2/k3 behaviour filters are not built (vespo's
+rollout_correction mode=reject filters on pi / pi_rollout).
 Rows: clip_low / clip_high as GRPO's, behave_masked / behave_clamped (loss/behave_mask_frac|clamp_frac).
 """
 
@@ -79,10 +84,17 @@ class DecoupledPpoConfig(BaseLossConfig):
             check_range("behave_low", self.behave_low, 0.0, self.behave_high, lo_open=True)
 
 
+def prox_alpha(lag: Tensor) -> Tensor:
+    """AReaL's interpolation weight of pi_theta in log pi_prox for tokens ``lag`` versions behind the learner:
+    (v_prox - v_behave) / (v_theta - v_behave) with v_theta = v, v_prox = v - 1, v_behave = v - lag, clamped
+    to [0, 1], and 0 where v_theta = v_behave (lag 0).  # lag's shape"""
+    return torch.where(lag > 0, (lag - 1.0) / lag.clamp(min=1.0), 0.0).clamp(0.0, 1.0)
+
+
 def decoupled_ppo_loss(x: LossInputs, cfg: DecoupledPpoConfig, normalizer: float | Tensor | None = None) -> LossOutput:
     """PPO-clip on pi / pi_prox (log-linear pi_prox) times the behaviour weight, aggregated by ``cfg.agg``."""
-    lag = x.lag if x.lag is not None else x.logp.new_zeros(x.logp.shape[:1])  # [B]
-    alpha = (lag / (lag + 1.0))[:, None]  # [B, 1]
+    lag = x.version_lag if x.version_lag is not None else x.logp.new_zeros(x.logp.shape[0], 1)  # [B, T] or [B, 1]
+    alpha = prox_alpha(lag)  # [B, T] or [B, 1]
     d = x.log_ratio  # [B, T] log pi - log mu, carries the gradient
     log_r = d - alpha * d.detach()  # [B, T] log pi - log pi_prox
     live = log_r.detach().abs() <= TOKEN_LOG_RATIO_CLAMP

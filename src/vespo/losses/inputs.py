@@ -8,6 +8,9 @@
     x.rollout_logp [B, T] the engine's log-probs pi_rollout, detached, 0 on padding (None if not given)
     x.bypass      mu is the engine's own log-probs (verl's bypass mode): pi_rollout = mu
     x.lag         [B] how many policy versions each row is behind the learner (None: not given); decoupled_ppo
+    x.token_lag   [B, T] how many versions each token is behind the learner (the version that sampled it; 0 on
+                  padding; None: not given); a row's tokens differ where a partial rollout spans versions
+    x.version_lag [B, T] or [B, 1]: token_lag, else lag per row, else None (what decoupled_ppo reads)
     x.log_ratio   [B, T] logp - old_logp on valid tokens, 0 on padding; carries the gradient
     x.rollout_d   [B, T] log pi_rollout - log pi_ref, pi_ref = mu (decoupled) or sg[pi_theta] (bypass): the
                   rollout correction's rho = pi_ref / pi_rollout is exp(-rollout_d) (None without pi_rollout)
@@ -41,6 +44,14 @@ class LossInputs:
     rollout_logp: Tensor | None = None  # [B, T] detached, 0 on padding
     bypass: bool = False  # mu (old_logp) is the engine's log-probs: rollout_logp is old_logp
     lag: Tensor | None = None  # [B] logp's dtype, policy versions between the row's sampler and the learner (>= 0)
+    token_lag: Tensor | None = None  # [B, T] logp's dtype, versions between each token's sampler and the learner
+
+    @property
+    def version_lag(self) -> Tensor | None:
+        """Versions behind the learner per token: token_lag, else each row's lag, else None.  # [B, T] or [B, 1]"""
+        if self.token_lag is not None:
+            return self.token_lag
+        return None if self.lag is None else self.lag[:, None]
 
     @property
     def rollout_d(self) -> Tensor | None:
@@ -83,16 +94,21 @@ def prepare_inputs(
     rollout_logp: Tensor | None = None,
     bypass: bool = False,
     lag: Tensor | None = None,
+    token_lag: Tensor | None = None,
 ) -> LossInputs:
     """Check the loss inputs and return them with padding set to 0; raises ValueError naming the culprit.
 
     ``bypass``: ``old_logp`` is the inference engine's own log-probs (verl's bypass mode), which are then
     also pi_rollout for the rollout correction; ``rollout_logp`` must be None. ``lag`` [B]: each row's policy
-    versions behind the learner (the learner's version minus the row's sampling version), >= 0.
+    versions behind the learner (the learner's version minus the row's sampling version), >= 0. ``token_lag``
+    [B, T]: the same per token (the learner's version minus the version that sampled the token), >= 0 on valid
+    tokens (padding may hold anything); at most one of the two.
     """
     if bypass and rollout_logp is not None:
         raise ValueError("bypass=True takes pi_rollout from old_logp (mu is the engine's log-probs); "
                          "pass rollout_logp=None")
+    if lag is not None and token_lag is not None:
+        raise ValueError("pass lag (per row) or token_lag (per token), not both: token_lag would override lag")
     _check_logp(logp)
     _check_same_shape("old_logp", old_logp, logp)
     _check_same_shape("mask", mask, logp)
@@ -116,7 +132,7 @@ def prepare_inputs(
     rollout = clean["old_logp"] if bypass else clean.get("rollout_logp")
     return LossInputs(logp=clean["logp"], old_logp=clean["old_logp"], adv=clean["advantages"], mask=mask_b,
                       mask_f=mask_f, tokens=mask_f.sum(dim=-1), rollout_logp=rollout, bypass=bypass,
-                      lag=_check_lag(lag, logp))
+                      lag=_check_lag(lag, logp), token_lag=_check_token_lag(token_lag, logp, mask_b))
 
 
 def _check_finite(tensors: dict[str, tuple[Tensor, Tensor]]) -> None:
@@ -174,6 +190,19 @@ def _check_lag(lag: Tensor | None, logp: Tensor) -> Tensor | None:
     if not bool((torch.isfinite(lag) & (lag >= 0)).all()):
         raise ValueError("lag must hold finite values >= 0 (policy versions behind the learner)")
     return lag
+
+
+def _check_token_lag(token_lag: Tensor | None, logp: Tensor, mask: Tensor) -> Tensor | None:
+    """The token lag as [B, T] in logp's dtype, 0 on padding; raises unless finite and >= 0 on valid tokens."""
+    if token_lag is None:
+        return None
+    if not isinstance(token_lag, Tensor) or token_lag.shape != logp.shape:
+        raise ValueError(f"token_lag must be a tensor of shape [B, T] = {tuple(logp.shape)}; got "
+                         f"{tuple(token_lag.shape) if isinstance(token_lag, Tensor) else type(token_lag).__name__}")
+    token_lag = token_lag.detach().to(device=logp.device, dtype=logp.dtype)
+    if not bool((~mask | (torch.isfinite(token_lag) & (token_lag >= 0))).all()):
+        raise ValueError("token_lag must hold finite values >= 0 on valid tokens (policy versions behind the learner)")
+    return torch.where(mask, token_lag, logp.new_zeros(()))
 
 
 def _check_advantages(advantages: Tensor, logp: Tensor) -> None:

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from vespo.buffer import token_lags
 from vespo.config import Config, OptimConfig
 from vespo.losses import concat_rows, ess_step_scale, prepare_inputs, summarize
 from vespo.metrics import behavior_rows, to_floats
@@ -263,7 +264,7 @@ class Learner:
         engine = self.loss_cfg.rollout_correction.mode != "none" or self.optim_cfg.ess_against == "engine"
         x = prepare_inputs(logp, old_logp, micro.advantages, micro.response_mask,
                            rollout_logp=micro.rollout_logp if engine and not bypass else None, bypass=bypass,
-                           lag=self.version - micro.versions)  # [b] versions behind (decoupled_ppo's pi_prox)
+                           token_lag=token_lags(micro, self.version))  # [b, T] versions behind (decoupled_ppo)
         return self.spec.fn(x, self.loss_cfg, normalizer)
 
     def _count_replay(self):

@@ -14,8 +14,8 @@ bit for bit in sync mode. A run stopped by an error or an abort checkpoints wher
 describe it (``SampleSource.checkpointable()``): the local source between rollout steps only, the Ray
 source after any update (by its tickets), so a failed async run's checkpoint may fall inside a step. A step's row holds the
 rollout and engine-mismatch statistics of all its samples (formed from their rows), the loss
-diagnostics of each update combined by name (vespo.metrics.reduction), and the lag histogram
-of every row trained in it.
+diagnostics of each update combined by name (vespo.metrics.reduction), the lag histogram
+of every row trained in it and the lag of its tokens (vespo.buffer.token_lag_stats).
 
     from vespo.config import load_config
     from vespo.trainer import train
@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from vespo.buffer import lag_stats
+from vespo.buffer import lag_stats, token_lag_rows, token_lag_stats
 from vespo.config import Config, check_rules, to_dict
 from vespo.errors import CheckpointError
 from vespo.evaluation import heldout_rewards
@@ -167,6 +167,7 @@ class StepWindow:
     behavior: list[Rows] = field(default_factory=list)  # engine-vs-trainer rows of its behaviour passes
     lags: list[torch.Tensor] = field(default_factory=list)  # [b] per update
     spans: list[torch.Tensor] = field(default_factory=list)  # [b] per update: versions one response spans
+    tokens: list[Rows] = field(default_factory=list)  # per update: token_lag_rows of its rows
     last: tuple[TrainItem, UpdateResult] | None = None
 
     def add_items(self, items: list[TrainItem], behavior: Rows) -> None:
@@ -179,6 +180,7 @@ class StepWindow:
         self.behavior.append(result.behavior_rows)
         self.lags.append(result.lags)
         self.spans.append(item.batch.versions_max - item.batch.versions)
+        self.tokens.append(token_lag_rows(item.batch, result.lags))
         self.last = (item, result)
 
     def metrics(self, max_lag: int, dist: Dist | None = None) -> dict[str, float]:
@@ -188,7 +190,8 @@ class StepWindow:
         lags = dist.gather_rows({"lag": torch.cat(self.lags), "span": torch.cat(self.spans)})
         return {**reduce_metrics(self.updates), **summarize_rollout(dist.gather_rows(concat_rows(self.rollout))),
                 **summarize_behavior(dist.gather_rows(concat_rows(self.behavior))),
-                **lag_stats(lags["lag"], lags["span"], max_lag)}
+                **lag_stats(lags["lag"], lags["span"], max_lag),
+                **token_lag_stats(dist.gather_rows(concat_rows(self.tokens)))}
 
 
 class Loop:

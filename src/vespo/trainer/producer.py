@@ -90,12 +90,13 @@ class RolloutScorer:
             rollout, prompts, rewards = _keep_rows(rollout, prompts, rewards, scored)
         adv = group_advantages(rewards, prompts.group_ids, self.advantage.estimator, self.advantage.eps)  # [B]
         flat = zero_variance_groups(rewards, prompts.group_ids)  # [B]
-        versions_min, versions_max = _row_versions(rollout)
+        token_versions = _token_versions(rollout)  # [B, T]
+        versions_min, versions_max = row_versions(token_versions, rollout.response_mask, rollout.version)
         batch = TrainBatch(
             prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
             response_mask=rollout.response_mask.float(), rollout_logp=rollout.logprobs.float(), rewards=rewards,
             advantages=adv, group_ids=prompts.group_ids, versions=versions_min, versions_max=versions_max,
-            truncated=rollout.truncated, routed_experts=rollout.routed_experts,
+            token_versions=token_versions, truncated=rollout.truncated, routed_experts=rollout.routed_experts,
         )
         rows = rollout_rows(rewards, batch.response_mask, batch.truncated, flat)
         if self.advantage.skip_zero_variance and bool(flat.any()) and not bool(flat.all()):
@@ -103,16 +104,22 @@ class RolloutScorer:
         return batch, rows, {"reward/n_failed": float((~scored).sum())}
 
 
-def _row_versions(rollout: Rollout) -> tuple[Tensor, Tensor]:
-    """The oldest and newest policy version that sampled a token of each row.  # [B], [B]"""
-    token_versions = rollout.token_versions
-    if token_versions is None:
-        token_versions = torch.full_like(rollout.response_ids, rollout.version)
-    big = torch.iinfo(torch.int64).max
+def _token_versions(rollout: Rollout) -> Tensor:
+    """The version that sampled each response token, 0 on padding (an engine that records none: the batch's).  # [B, T]"""
     valid = rollout.response_mask > 0
+    recorded = rollout.token_versions
+    if recorded is None:
+        recorded = torch.full_like(rollout.response_ids, rollout.version)
+    return torch.where(valid, recorded.long(), 0)
+
+
+def row_versions(token_versions: Tensor, response_mask: Tensor, empty: int) -> tuple[Tensor, Tensor]:
+    """The oldest and newest version over each row's valid tokens (``empty`` for a row without any).  # [B], [B]"""
+    big = torch.iinfo(torch.int64).max
+    valid = response_mask > 0
     v_min = torch.where(valid, token_versions, big).amin(dim=1)
     v_max = torch.where(valid, token_versions, -1).amax(dim=1)
-    return torch.where(valid.any(1), v_min, rollout.version), torch.where(valid.any(1), v_max, rollout.version)
+    return torch.where(valid.any(1), v_min, empty), torch.where(valid.any(1), v_max, empty)
 
 
 def _keep_rows(rollout: Rollout, prompts: PromptBatch, rewards: Tensor, keep: Tensor):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from vespo.buffer import StalenessBound, TicketQueue
@@ -299,9 +300,18 @@ class RaySource:
 
     def _record_versions(self, ticket: int, batch) -> None:
         row = {"ticket": ticket, "learner_version": self.learner.version, "versions": batch.versions.tolist(),
-               "versions_max": batch.versions_max.tolist()}
+               "versions_max": batch.versions_max.tolist(), "token_versions": _version_runs(batch)}
         self.versions_file.write(json.dumps(row) + "\n")
         self.versions_file.flush()
+
+
+def _version_runs(batch) -> list[list[list[int]]]:
+    """Each row's token versions in response order as runs [[version, tokens], ...] (valid tokens only)."""
+    out = []
+    for versions, valid in zip(batch.token_versions, batch.response_mask > 0):
+        values, counts = torch.unique_consecutive(versions[valid], return_counts=True)
+        out.append([[v, n] for v, n in zip(values.tolist(), counts.tolist())])
+    return out
 
 
 def _complete_lines(path: Path) -> list[str]:
