@@ -28,6 +28,7 @@ def reference_loss(name, logp, old_logp, advantages, mask, cfg, normalizer=None,
     ``bypass``: old_logp is the engine's log-probs, so the rollout correction's ratio is pi_theta / pi_rollout
     with pi_rollout = old_logp, and only its rejection part applies unless the loss has no ratio of its own
     (reinforce with is_level=none). The correction and OPSM are detached: they scale value and gradient alike.
+    ``lag``: versions behind the learner, one per row [B] or one per token [B][T] (decoupled_ppo).
     """
     B, T = len(logp), len(logp[0]) if logp else 0
     adv = [[_adv(advantages, i, t) for t in range(T)] for i in range(B)]
@@ -622,16 +623,36 @@ def _clip_cov(logp, old, adv, mask, cfg, rollout):
              for t, lp in enumerate(row)] for i, row in enumerate(logp)]
 
 
+def _areal_alpha(lag):
+    """compute_prox_logp_approximations' alpha for a token ``lag`` versions behind the learner, with AReaL's versions
+    (areal/trainer/rl_trainer.py: the trainer and the rollout move to global_step + 1 after step global_step's
+    update; areal/infra/remote_inf_engine.py tags each token with the rollout's version): v_theta = current_version,
+    v_proximal = current_version - 1, v_behave = current_version - lag; (v_proximal - v_behave) / (v_theta - v_behave)
+    where v_theta > v_behave, else 0, clamped to [0, 1]. current_version = 100 (any value gives the same)."""
+    current = 100.0
+    v_theta, v_prox, v_behave = current, current - 1.0, current - lag
+    diff, gap = v_theta - v_behave, v_prox - v_behave
+    return min(max(gap / diff if diff > 0 else 0.0, 0.0), 1.0)
+
+
+def _token_lag(lag, i, t):
+    """The lag of token (i, t): ``lag`` is None (0), one per row [B], or one per token [B][T]."""
+    if lag is None:
+        return 0.0
+    row = lag[i]
+    return float(row[t]) if isinstance(row, (list, tuple)) else float(row)
+
+
 def _decoupled_ppo(logp, old, adv, mask, cfg, rollout):
-    """AReaL's ppo_actor_loss_fn with compute_prox_logp_approximations' loglinear pi_prox: alpha = L / (L + 1),
-    log pi_prox = old + alpha (logp - old) (detached), PPO-clip on r = exp(logp - log pi_prox) (d r / d logp = r),
-    times the behaviour weight w = pi_prox / old when behave is mask (0 outside the bounds) or clamp."""
+    """AReaL's ppo_actor_loss_fn with compute_prox_logp_approximations' loglinear pi_prox: alpha from each token's
+    lag (``_areal_alpha``), log pi_prox = old + alpha (logp - old) (detached), PPO-clip on r = exp(logp - log pi_prox)
+    (d r / d logp = r), times the behaviour weight w = pi_prox / old when behave is mask (0 outside the bounds) or
+    clamp."""
     out = []
     for i, row in enumerate(logp):
-        L = 0.0 if rollout.lag is None else float(rollout.lag[i])
-        a = L / (L + 1.0)
         cells = []
         for t, lp in enumerate(row):
+            a = _areal_alpha(_token_lag(rollout.lag, i, t)) if mask[i][t] else 0.0
             A, d = adv[i][t], lp - old[i][t]
             lr = (1.0 - a) * d
             r = math.exp(min(max(lr, -TOKEN_CLAMP), TOKEN_CLAMP))

@@ -6,6 +6,7 @@ import pytest
 from stepping import rollout_step, sync_loop
 
 from vespo.config import ConfigError
+from vespo.trainer.loop import StepWindow
 
 BAND = "loss.options={rollout_correction: {mode: geo_mask, geo_low: 0.999, geo_high: 1.001}}"
 # warm-started to ~30% (as in test_ess_step): groups with right and wrong answers, so the first update moves pi
@@ -52,16 +53,23 @@ def test_icepop_under_mu_from_the_engine_is_refused_unless_the_loss_has_no_ratio
              "loss.options={is_level: none, rollout_correction: {mode: icepop}}")
 
 
-def test_decoupled_ppo_reads_each_rows_lag_in_a_real_run(make_cfg):
-    """decoupled_ppo's pi_prox interpolates by each row's lag, which the learner passes: its second update (lag 1)
-    differs from PPO on pi / mu (GRPO without the dual clip, what it is at lag 0) on the same samples."""
-    steps = {}
+def test_decoupled_ppo_reads_each_tokens_lag_in_a_real_run(make_cfg):
+    """decoupled_ppo's pi_prox interpolates by each token's lag, which the learner passes: with AReaL's versions
+    alpha is 0 at lags 0 and 1, so its first two updates are PPO on pi / mu (GRPO without the dual clip) on the same
+    samples, and its third (lag 2, alpha 1/2) differs."""
+    updates = {}
     for name, loss in (("decoupled", ("loss.name=decoupled_ppo",)),
                        ("ppo", ("loss.name=grpo", "loss.options={dual_clip_c: null}"))):
-        with sync_loop(make_cfg(*SIGNAL, "staleness.n=2", "staleness.behavior=rollout", *loss, out=name)) as loop:
-            steps[name] = rollout_step(loop)
-    assert steps["decoupled"]["reward/mean"] == steps["ppo"]["reward/mean"]  # the same samples
-    assert steps["decoupled"]["optim/grad_norm"] != steps["ppo"]["optim/grad_norm"]
+        with sync_loop(make_cfg(*SIGNAL, "rollout.prompts_per_step=12", "staleness.n=3", "staleness.behavior=rollout",
+                                *loss, out=name)) as loop:
+            window = StepWindow()
+            for _ in range(3):
+                loop.train_one(window)
+            updates[name] = [u["optim/grad_norm"] for u in window.updates if "optim/grad_norm" in u]
+    assert len(updates["decoupled"]) == 3
+    for lag in (0, 1):
+        assert updates["decoupled"][lag] == pytest.approx(updates["ppo"][lag], rel=1e-5)
+    assert updates["decoupled"][2] != pytest.approx(updates["ppo"][2], rel=1e-3)
 
 
 def test_help_config_says_which_correction_applies_when(capsys):
