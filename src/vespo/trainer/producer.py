@@ -105,7 +105,7 @@ class RolloutScorer:
 
 
 def _token_versions(rollout: Rollout) -> Tensor:
-    """The version that sampled each response token, 0 on padding (an engine that records none: the batch's).  # [B, T]"""
+    """The version that sampled each response token, 0 on padding (unrecorded: the batch's).  # [B, T]"""
     valid = rollout.response_mask > 0
     recorded = rollout.token_versions
     if recorded is None:
