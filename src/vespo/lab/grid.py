@@ -1,7 +1,7 @@
 """Sweep files (docs/lab.md, Sweep files): a base config plus a grid of overrides, expanded into one run per grid
 point, with an optional reference condition, cost assumption, excluded points, description and sizing (the
-seed count a pilot's paired SD calls for). A sweep
-directory's sweep.json is ``Sweep.record()``, read back by ``Sweep.from_record``.
+seeds the report asks for, from the paired SD of those run so far). A sweep directory's sweep.json is
+``Sweep.record()``, read back by ``Sweep.from_record``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Statistics over seeds (docs/lab.md, Statistics): the t-interval and t-test of a mean and of paired
 differences, Holm's correction, exact tests and intervals for counts, the seeds a paired t-test needs for a
-given power, and the interval's coverage measured by simulation. A verdict is the t-test at the interval's level (p < 1 - CONFIDENCE <=> the interval excludes
-the line); a lab cell has 3-10 seeds, where the t-interval is exact for normal data and bootstraps are not.
+given power, and the interval's coverage measured by simulation. A verdict is the t-test at the interval's
+level (p < 1 - CONFIDENCE <=> the interval excludes the line); a lab cell has 3-10 seeds, where the
+t-interval is exact for normal data and bootstraps are not.
 """
 
 from __future__ import annotations
