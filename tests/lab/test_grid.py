@@ -226,3 +226,34 @@ def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
     table, minutes = budget_table([LAB / f"{stem}.yaml" for stem in BUDGET_ORDER], repo)
     assert table in (repo / "docs" / "lab.md").read_text(), "regenerate the table in docs/lab.md:\n" + table
     assert minutes <= 8 * 60 - 10
+
+
+def test_sizing_reaches_the_record_with_its_defaults(tmp_path):
+    grid = {"run.seed": [0, 1], "loss.name": ["grpo", "vespo"]}
+    sweep = load_sweep(_write(tmp_path, {"grid": grid, "sizing": {"delta": 0.05}}))
+    assert sweep.sizing.model_dump() == {"delta": 0.05, "power": 0.8, "alpha": 0.05}
+    assert sweep.record()["sizing"] == {"delta": 0.05, "power": 0.8, "alpha": 0.05}
+    assert Sweep.from_record(sweep.record()).sizing == sweep.sizing
+    plain = load_sweep(_write(tmp_path, {"grid": grid}))
+    assert plain.sizing is None and "sizing" not in plain.record()  # a record without it reads as before
+    for stem in ("real_stability", "real_mismatch"):
+        assert load_sweep(LAB / f"{stem}.yaml").sizing.delta == 0.05
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"grid": {"run.seed": [0, 1], "loss.name": ["grpo", "sapo"]}, "sizing": {"delta": 0.05}},
+     "sizing: .* this sweep has no reference"),
+    ({"grid": {"loss.name": ["grpo", "vespo"]}, "sizing": {"delta": 0.05}}, r"sizing: .* has 0 seed\(s\) on its grid"),
+    ({"grid": {"run.seed": [0], "loss.name": ["grpo", "vespo"]}, "sizing": {"delta": 0.05}},
+     r"sizing: .* has 1 seed\(s\) on its grid \(run.seed needs at least 2\)"),
+    ({"grid": {"run.seed": [0, 1], "loss.name": ["vespo"]}, "sizing": {}}, "sizing.delta: Field required"),
+    ({"grid": {"run.seed": [0, 1], "loss.name": ["vespo"]}, "sizing": {"delta": -0.1}},
+     "sizing.delta: Input should be greater than 0"),
+    ({"grid": {"run.seed": [0, 1], "loss.name": ["vespo"]}, "sizing": {"delta": 0.1, "power": 1}},
+     "sizing.power: Input should be less than 1"),
+    ({"grid": {"run.seed": [0, 1], "loss.name": ["vespo"]}, "sizing": {"delta": 0.1, "beta": 0.2}},
+     "sizing.beta: Extra inputs are not permitted"),
+])
+def test_sizing_that_cannot_act_or_is_malformed_is_named(tmp_path, data, match):
+    with pytest.raises(SweepError, match=match):
+        load_sweep(_write(tmp_path, data))

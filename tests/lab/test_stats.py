@@ -12,6 +12,8 @@ from scipy import stats as sps
 from vespo.lab import stats
 from vespo.lab.stats import ci_text, exact_paired_p, holm, mean_ci, p_value, paired, rate_ci
 
+from power_reference import power_reference, seeds_reference
+
 
 def test_three_values_by_hand():
     # x = 0.1, 0.3, 0.5: mean 0.3; sd = sqrt(((-0.2)^2 + 0 + 0.2^2) / 2) = 0.2; se = 0.2 / sqrt(3) = 0.115470;
@@ -128,3 +130,38 @@ def test_rate_interval_is_clopper_pearson():
     r = rate_ci(3, 10)
     assert r.low == pytest.approx(sps.beta.ppf(0.05, 3, 8)) and r.high == pytest.approx(sps.beta.ppf(0.95, 4, 7))
     assert math.isnan(rate_ci(0, 0).mean)
+
+
+# ---------------------------------------------------------------- seeds for a given power
+
+
+# z_0.975 + z_0.8 = 1.959964 + 0.841621 = 2.801585; n = (2.801585 x SD / 0.05)^2 = 5.023 (SD 0.04), 11.302 (0.06),
+# 20.093 (0.08), 31.396 (0.10), rounded up; the exact t-test needs 2 more at each
+BY_HAND = {0.04: (6, 8), 0.06: (12, 14), 0.08: (21, 23), 0.10: (32, 34)}
+
+
+@pytest.mark.parametrize("sd", sorted(BY_HAND))
+def test_seeds_for_power_08_to_detect_005_by_hand_and_against_a_float64_reference(sd):
+    need = stats.seeds_needed(sd, 0.05)
+    assert (need.normal, need.exact) == BY_HAND[sd] == seeds_reference(sd, 0.05, 0.8, 0.05)
+    # the exact count is the first whose power reaches 0.8, the power that of the reference
+    below, at = (power_reference(n, 0.05 / sd, 0.05) for n in (need.exact - 1, need.exact))
+    assert below < 0.8 <= at
+    assert stats.t_power([need.exact - 1, need.exact], 0.05 / sd, 0.05) == pytest.approx([below, at], abs=1e-9)
+
+
+@pytest.mark.parametrize("sd, delta, power, alpha", [(0.02, 0.05, 0.8, 0.05), (0.15, 0.05, 0.9, 0.01),
+                                                      (0.3, 0.1, 0.5, 0.1), (1.0, 0.05, 0.8, 0.05)])
+def test_seeds_at_other_settings_match_the_reference(sd, delta, power, alpha):
+    assert tuple(stats.seeds_needed(sd, delta, power, alpha)) == seeds_reference(sd, delta, power, alpha)
+
+
+def test_seeds_needed_at_the_edges():
+    assert stats.seeds_needed(0.0, 0.05) == (2, 2)  # no spread: the fewest seeds a paired SD comes from
+    # the normal approximation says 1, a t-test needs 2; at 2 seeds the power to detect 50 SDs is the reference's
+    # (scipy's nct.cdf is nan far in the lower tail there: the power takes both tails from nct.sf)
+    assert stats.seeds_needed(0.001, 0.05) == (2, 2) == seeds_reference(0.001, 0.05, 0.8, 0.05)
+    assert stats.t_power(2, 20.0, 0.05) == pytest.approx(power_reference(2, 20.0, 0.05), abs=1e-9)
+    for bad in [(math.nan, 0.05), (-0.1, 0.05), (0.1, 0.0), (0.1, 0.05, 1.0), (0.1, 0.05, 0.8, 0.0)]:
+        with pytest.raises(ValueError, match="seeds_needed"):
+            stats.seeds_needed(*bad)

@@ -1,6 +1,7 @@
 """Sweep files (docs/lab.md, Sweep files): a base config plus a grid of overrides, expanded into one run per grid
-point, with an optional reference condition, cost assumption, excluded points and description. A sweep
-directory's sweep.json is ``Sweep.record()``, read back by ``Sweep.from_record``.
+point, with an optional reference condition, cost assumption, excluded points, description and sizing (the
+seeds the report asks for, from the paired SD of those run so far). A sweep directory's sweep.json is
+``Sweep.record()``, read back by ``Sweep.from_record``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from vespo.errors import UserError
 SHORT = {"loss.name": "loss", "staleness.n": "N", "run.seed": "seed", "run.mode": "mode", "optim.lr": "lr",
          "model.arch": "model", "loss.options.length_norm": "length_norm"}
 SEED_AXIS = "seed"
-RECORD = ("name", "source", "overrides", "axes", "reference", "exclude", "description")  # sweep.json, in order
+RECORD = ("name", "source", "overrides", "axes", "reference", "exclude", "description", "sizing")  # sweep.json
+OMITTED = ("description", "sizing")  # left out of the record when empty (a record made before them reads the same)
 
 
 class SweepError(UserError, ValueError):
@@ -55,6 +57,17 @@ class Cost(BaseModel):
         return runs * self.run_s / self.jobs
 
 
+class Sizing(BaseModel):
+    """How many seeds the report asks for (vespo.lab.stats.seeds_needed): enough for a two-sided paired t-test at
+    ``alpha`` to detect a difference of ``delta`` from the reference with ``power``, given the paired SD the
+    seeds run so far show (docs/lab.md, "The real-model stability sweep")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    delta: PositiveFloat  # the smallest |difference| on the report's headline metric worth detecting
+    power: float = Field(0.8, gt=0, lt=1)
+    alpha: float = Field(0.05, gt=0, lt=1)  # two-sided
+
+
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
@@ -63,6 +76,7 @@ class _File(BaseModel):
     overrides: list[Override] = []
     reference: Annotated[dict[str, Any], Field(min_length=1, max_length=1)] | None = None  # one axis: value
     cost: Cost | None = None
+    sizing: Sizing | None = None
     grid: Annotated[dict[str, Any], Field(min_length=1)]
     exclude: list[dict[str, Any]] = []
 
@@ -98,6 +112,7 @@ class Sweep:
     cost: Cost | None = None
     exclude: list[dict[str, list[str]]] = field(default_factory=list)
     description: str = ""
+    sizing: Sizing | None = None  # the seed count to ask for, or None
     sessions: list[dict] = field(default_factory=list)  # its directory's sessions.jsonl (vespo.sweep.provenance)
 
     @property
@@ -117,13 +132,14 @@ class Sweep:
         return [p for p in points if not excluded(p.labels, self.exclude)]
 
     def record(self) -> dict:
-        data = asdict(self)
-        return {k: data[k] for k in RECORD if k != "description" or self.description}
+        data = asdict(self) | {"sizing": self.sizing and self.sizing.model_dump()}
+        return {k: data[k] for k in RECORD if k not in OMITTED or data[k]}
 
     @classmethod
     def from_record(cls, r: dict, sessions: list[dict] | None = None) -> Sweep:
         given = {k: r[k] for k in RECORD if r.get(k) is not None}
-        return cls(**(given | {"axes": [Axis(**a) for a in r["axes"]]}), sessions=sessions or [])
+        sizing = {"sizing": Sizing(**given["sizing"])} if "sizing" in given else {}
+        return cls(**(given | sizing | {"axes": [Axis(**a) for a in r["axes"]]}), sessions=sessions or [])
 
 
 def off_grid(values: dict[str, list[str]], where: dict) -> str:
@@ -160,8 +176,12 @@ def load_sweep(path: str | Path) -> Sweep:
     for where, entry in [("reference", reference), *((f"exclude[{i}]", e) for i, e in enumerate(exclude))]:
         if bad := off_grid(values, entry):
             raise SweepError(f"{path}: {where}: {bad}")
+    if f.sizing is not None and (not reference or len(values.get(SEED_AXIS, [])) < 2):
+        raise SweepError(f"{path}: sizing: it pairs each condition with the reference on shared seeds, and this sweep "
+                         + ("has no reference (give `reference: {axis: value}`)" if not reference else
+                            f"has {len(values.get(SEED_AXIS, []))} seed(s) on its grid (run.seed needs at least 2)"))
     return Sweep(f.name or path.stem, axes, f.base, f.overrides, str(path), reference, f.cost, exclude,
-                 " ".join(f.description.split()))
+                 " ".join(f.description.split()), f.sizing)
 
 
 def _axes(grid: dict, path: Path) -> list[Axis]:

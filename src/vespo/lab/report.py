@@ -29,6 +29,7 @@ from vespo.lab.runs import (ARCHIVE, EVAL, LR_AXIS, TARGET_REWARD, TARGET_WINDOW
 from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
+HEADLINE = "eval_sampled"  # the metric the report leads with, the claims' default and the one a sweep is sized on
 IN_PROGRESS = "in_progress"  # results/in_progress/<sweep>: a sweep's report and archive while it still runs
 
 
@@ -165,6 +166,37 @@ def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     return markdown(rows)
 
 
+def sizing_table(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """Where the sweep file has `sizing`: per comparison with the reference, on HEADLINE, its shared seeds, mean
+    paired difference and paired SD, and the seeds a paired t-test needs to detect |difference| = delta (the
+    normal approximation and the exact noncentral t); then what delta is, beside the evaluation's own noise."""
+    if (z := sweep.sizing) is None:
+        return ""
+    axis, name, rows = next(iter(sweep.reference), None), FINALS[HEADLINE], []
+    for labels, cell, partner in reference_pairs(sweep, runs):
+        d = paired(by_seed(cell, HEADLINE), by_seed(partner, HEADLINE)).values  # [shared seeds]
+        sd = float(d.std(ddof=1)) if len(d) >= stats.MIN_SEEDS else math.nan
+        need = stats.seeds_needed(sd, z.delta, z.power, z.alpha) if math.isfinite(sd) else None
+        few = f"needs >= {stats.MIN_SEEDS} shared seeds"
+        rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis], "shared seeds": str(len(d)),
+                     f"mean Δ {name}": f"{d.mean():+.3f}" if len(d) else "–",
+                     "paired SD": num(sd), "seeds needed (normal approximation)": str(need.normal) if need else few,
+                     "seeds needed (exact, noncentral t)": str(need.exact) if need else few})
+    problems, p = evaluation(runs)
+    se = math.sqrt(p * (1 - p) / problems) if problems and 0 < p < 1 else math.nan
+    noise = TEMPLATE["sizing_noise"].format(problems=problems, p=p, se=se, ratio=z.delta / se, floor=math.sqrt(2) * se)
+    return markdown(rows) + "\n\n" + TEMPLATE["sizing"].format(
+        delta=z.delta, power=z.power, two_sided=z.alpha, metric=name, noise=noise if se > 0 else "", **WORDS)
+
+
+def evaluation(runs: pd.DataFrame) -> tuple[int, float]:
+    """(problems, mean accuracy) of the usable runs' final held-out evaluations: the task's eval_size most runs
+    have (0 where none names it) and the mean of HEADLINE."""
+    usable = runs[runs.usable & np.isfinite(runs[HEADLINE])]
+    sizes = Counter(int((r.config.get("task") or {}).get("eval_size") or 0) for r in usable.record)
+    return (sizes.most_common(1)[0][0] if sizes else 0), float(usable[HEADLINE].mean()) if len(usable) else math.nan
+
+
 def settle_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     rows = [{**dict(zip(sweep.conditions, key)), "last quarter minus the quarter before": ci_text(ci, signed=True),
              "curves": word} for key, cell in conditions(sweep, runs) for ci, word in [settling(cell)]]
@@ -195,8 +227,8 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
 def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> str:
     """The tables the report and the page print for a sweep, below the sweep file's description."""
     reference = " = ".join(next(iter(sweep.reference.items()), ""))
-    heads = TEMPLATE["tables"].format(reference=reference, **WORDS).splitlines()
-    tables = [paired_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
+    heads = TEMPLATE["tables"].format(reference=reference, metric=FINALS[HEADLINE], **WORDS).splitlines()
+    tables = [paired_table(sweep, runs), sizing_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
     return "\n\n".join([*filter(None, [sweep.description, condition_table(sweep, runs)]),
                         *(f"{head}\n\n{table}" for head, table in zip(heads, tables) if table)])
 

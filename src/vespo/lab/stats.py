@@ -1,7 +1,8 @@
 """Statistics over seeds (docs/lab.md, Statistics): the t-interval and t-test of a mean and of paired
-differences, Holm's correction, exact tests and intervals for counts, and the interval's coverage measured
-by simulation. A verdict is the t-test at the interval's level (p < 1 - CONFIDENCE <=> the interval excludes
-the line); a lab cell has 3-10 seeds, where the t-interval is exact for normal data and bootstraps are not.
+differences, Holm's correction, exact tests and intervals for counts, the seeds a paired t-test needs for a
+given power, and the interval's coverage measured by simulation. A verdict is the t-test at the interval's
+level (p < 1 - CONFIDENCE <=> the interval excludes the line); a lab cell has 3-10 seeds, where the
+t-interval is exact for normal data and bootstraps are not.
 """
 
 from __future__ import annotations
@@ -95,6 +96,39 @@ def rate_ci(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:  # k / 
 
 def exact_paired_p(only_a: int, only_b: int) -> float:  # McNemar's exact test on the discordant pairs
     return 1.0 if only_a + only_b == 0 else float(sps.binomtest(only_a, only_a + only_b).pvalue)
+
+
+# ---------------------------------------------------------------- sizing: seeds for a given power
+
+
+def t_power(n: int | np.ndarray, effect: float, alpha: float) -> np.ndarray:
+    """Power of the two-sided paired t-test at ``alpha`` with n pairs (n >= 2) when the mean difference is
+    ``effect`` paired SDs: P(|T| > t_{1-alpha/2, n-1}), T noncentral t with n - 1 degrees of freedom and
+    noncentrality effect x sqrt(n)."""
+    n = np.asarray(n, dtype=np.float64)
+    crit, nc = sps.t.ppf(1 - alpha / 2, n - 1), effect * np.sqrt(n)
+    # P(T < -crit) as P(T > crit) at -nc: scipy 1.17's nct.cdf(-crit) is nan far in that tail (df 1, nc 28)
+    return sps.nct.sf(crit, n - 1, nc) + sps.nct.sf(crit, n - 1, -nc)
+
+
+class SeedsNeeded(NamedTuple):
+    normal: int  # ceil(((z_{1-alpha/2} + z_power) x sd / delta)^2), at least MIN_SEEDS
+    exact: int  # the smallest n >= MIN_SEEDS whose t_power reaches ``power``
+
+
+def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.05) -> SeedsNeeded:
+    """Seeds (pairs) for a two-sided paired t-test at ``alpha`` to detect a mean difference of ``delta`` with
+    ``power``, the differences having SD ``sd``: by the normal approximation and exactly (noncentral t)."""
+    if not (math.isfinite(sd) and sd >= 0 and delta > 0 and 0 < power < 1 and 0 < alpha < 1):
+        raise ValueError(f"seeds_needed: sd {sd}, delta {delta}, power {power}, alpha {alpha}")
+    if sd == 0:  # no spread: any difference resolves on the fewest seeds a paired SD comes from
+        return SeedsNeeded(MIN_SEEDS, MIN_SEEDS)
+    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
+    normal = max(MIN_SEEDS, math.ceil((z * sd / delta) ** 2))
+    hi = 2 * normal + 16  # the t-test needs a few more than the normal approximation; widened until reached
+    while not (reached := np.flatnonzero(t_power(np.arange(MIN_SEEDS, hi + 1), delta / sd, alpha) >= power)).size:
+        hi *= 2
+    return SeedsNeeded(normal, MIN_SEEDS + int(reached[0]))
 
 
 # ---------------------------------------------------------------- measured coverage
