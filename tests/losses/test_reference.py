@@ -88,7 +88,20 @@ CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "
                "icepop_normalized": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4, "batch_normalize": True},
                "reject_token_k3": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05},
                "reject_seq_mean_k1": {"mode": "reject", "reject_by": "seq_mean_k1", "reject_low": 0.9, "reject_high": 1.2},
-               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1}}
+               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1},
+               # a rejection on top of an importance weight (verl's rollout_is with rollout_rs)
+               "tis_token_rs_seq_mean_k3": {"mode": "tis_token", "threshold": 1.5, "reject_by": "seq_mean_k3",
+                                            "reject_high": 0.02},
+               "tis_seq_rs_seq_mean_k1": {"mode": "tis_seq", "threshold": 1.5, "reject_by": "seq_mean_k1",
+                                          "reject_low": 0.9, "reject_high": 1.2},
+               "tis_seq_normalized_rs_token_k1": {"mode": "tis_seq", "threshold": 1.5, "batch_normalize": True,
+                                                  "reject_by": "token_k1", "reject_low": 0.8, "reject_high": 1.1},
+               "mis_token_rs_token_k2": {"mode": "mis_token", "threshold": 1.5, "reject_by": "token_k2",
+                                         "reject_high": 0.02},
+               "mis_seq_rs_seq_sum_k1": {"mode": "mis_seq", "threshold": 1.5, "reject_by": "seq_sum_k1",
+                                         "reject_low": 0.7, "reject_high": 1.3},
+               "icepop_rs_seq_max_k2": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4,
+                                        "reject_by": "seq_max_k2", "reject_high": 0.1}}
 
 
 def correction_config(name, mode, **options):
