@@ -171,8 +171,8 @@ def test_each_rejection_on_an_importance_weight_splits_the_reference_batches(mod
         rc = correction_config("grpo", mode).rollout_correction
         lists = to_lists(batch)
         source = SimpleNamespace(base=lists["old_logp"], rollout=lists["rollout_logp"])
-        kept += [k for i, row in enumerate(lists["mask"]) for k, m in zip(reject_kept(source, lists["mask"], rc, i), row)
-                 if m]
+        kept += [k for i, row in enumerate(lists["mask"])
+                 for k, m in zip(reject_kept(source, lists["mask"], rc, i), row) if m]
         alone = {key: value for key, value in CORRECTIONS[mode].items() if not key.startswith("reject")}
         _, filtered, _, _ = run_both("grpo", batch, correction_config("grpo", mode))
         _, plain, _, _ = run_both("grpo", batch, get_loss("grpo").config_cls(rollout_correction=alone))

@@ -274,7 +274,8 @@ def check_presets() -> dict:
         preset = presets[name]
         row = {"weight": 0.0, "loss": 0.0, "grad": 0.0, "kept": 0, "rejected": 0,
                "truncated": 0, "zeroed": 0, "max_abs_seq_log_ratio": 0.0, "compared": 0,
-               **{k: preset[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_rs", "bypass_mode", "loss_type")}}
+               **{k: preset[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_rs", "bypass_mode",
+                                         "loss_type")}}
         for seed in SEEDS:
             for scale in PRESET_SCALES:
                 old, _, adv, mask = batch(seed, 0.3)

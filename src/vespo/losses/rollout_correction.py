@@ -99,9 +99,9 @@ class RolloutCorrection:
     mode: str = "none"
     """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence) |
     geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high]) | icepop (zero a
-    token's weight outside [icepop_low, icepop_high]) | reject (0/1 by reject_by; reject_by also filters tis_*, mis_*
-    and icepop). With mu = the engine's log-probs the ratio is
-    pi_theta / pi_rollout and only the rejection part acts; tis_* and icepop are refused there (module docstring)."""
+    token's weight outside [icepop_low, icepop_high]) | reject (0/1 by reject_by, which also filters tis_*, mis_*
+    and icepop). With mu = the engine's log-probs the ratio is pi_theta / pi_rollout and only the rejection part
+    acts; tis_* and icepop are refused there (module docstring)."""
     threshold: float = 2.0
     """C: weights above it are truncated to C (tis_*) or masked to 0 (mis_*); must be > 0."""
     geo_low: float = 0.99
@@ -173,7 +173,8 @@ class RolloutCorrection:
             raise ValueError(f"rollout_correction.reject_by must be one of {', '.join(REJECT_BY)}; "
                              f"got {self.reject_by!r}")
         if self.reject_high is None:
-            raise ValueError(f"rollout_correction.reject_high (the bound) is required with reject_by={self.reject_by!r}")
+            raise ValueError("rollout_correction.reject_high (the bound) is required with "
+                             f"reject_by={self.reject_by!r}")
         if not (_real(self.reject_high) and self.reject_high > 0):
             raise ValueError(f"rollout_correction.reject_high must be a finite number > 0; got {self.reject_high!r}")
         if not self.reject_by.endswith("k1"):
