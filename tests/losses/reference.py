@@ -100,11 +100,24 @@ def _log_rhos(source, mask, i):
 
 def _correction_weights(source, mask, rc):
     """Multiplicative per-token weight (losses other than VESPO); with batch_normalize divided by verl's batch mean
-    (over the valid tokens, or for *_seq over the rows with a valid token), left alone if that mean is <= 1e-8."""
+    (over the valid tokens, or for *_seq over the rows with a valid token), left alone if that mean is <= 1e-8.
+    With reject_by on an importance mode, verl's compute_rollout_correction_and_rejection_mask: the (normalized)
+    IS weight times the rejection's 0/1 response mask."""
     out = _raw_correction_weights(source, mask, rc)
-    if out is None or not getattr(rc, "batch_normalize", False):
+    if out is None:
         return out
-    return [[w / correction_batch_mean(out, mask, rc) for w in row] for row in out]
+    if getattr(rc, "batch_normalize", False):
+        mean = correction_batch_mean(out, mask, rc)
+        out = [[w / mean for w in row] for row in out]
+    if _filters(rc):
+        out = [[w * (1.0 if kept else 0.0) for w, kept in zip(row, reject_kept(source, mask, rc, i))]
+               for i, row in enumerate(out)]
+    return out
+
+
+def _filters(rc):
+    """Whether a reject_by rejection sits on top of an importance mode's weight."""
+    return rc.mode != "reject" and getattr(rc, "reject_by", None) is not None
 
 
 def correction_batch_mean(weights, mask, rc):
@@ -154,6 +167,12 @@ def _correction_log_w(source, mask, rc, i):
     if getattr(rc, "batch_normalize", False):
         per = 1 if rc.mode.endswith("_seq") else sum(1 for m in mask[i] if m)
         total -= per * math.log(correction_batch_mean(_raw_correction_weights(source, mask, rc), mask, rc))
+    if _filters(rc):  # plus the rejection's log: log 1e-8 per rejected token, or once for a rejected sequence
+        kept = reject_kept(source, mask, rc, i)
+        if rc.reject_by.startswith("token"):
+            total += sum(LOG_W_MIN for t in range(len(kept)) if mask[i][t] and not kept[t])
+        elif not kept[0]:
+            total += LOG_W_MIN
     return total
 
 

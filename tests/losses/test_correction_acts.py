@@ -22,6 +22,10 @@ CORRECTIONS = {  # each acts on the batch below: some ratios leave the band / pa
     "tis_token_normalized": {"rollout_correction": {"mode": "tis_token", "threshold": 1.5, "batch_normalize": True}},
     "reject_token_k3": {"rollout_correction": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05}},
     "reject_seq_sum_k2": {"rollout_correction": {"mode": "reject", "reject_by": "seq_sum_k2", "reject_high": 0.3}},
+    "mis_token_reject_seq_mean_k3": {"rollout_correction": {"mode": "mis_token", "threshold": 1.5,
+                                                            "reject_by": "seq_mean_k3", "reject_high": 0.05}},
+    "tis_seq_reject_token_k2": {"rollout_correction": {"mode": "tis_seq", "threshold": 1.5, "reject_by": "token_k2",
+                                                       "reject_high": 0.05}},
     "opsm": {"opsm_delta": 0.05},
 }
 SHOWS = ("rollout/masked_frac", "rollout/truncated_frac", "loss/opsm_mask_frac")  # what says a correction acted

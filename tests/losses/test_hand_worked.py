@@ -111,6 +111,64 @@ def test_tis_token_truncates_rollout_weight_by_hand():
     assert out.loss.item() == pytest.approx((2 * math.exp(-1) + 0.5) / 3, rel=1e-12)
 
 
+def test_a_rejection_on_top_of_token_tis_by_hand():
+    # verl's decoupled_k3_rs_token_tis: token TIS (C = 2) times the seq_mean_k3 rejection (bound 0.01), two rows.
+    # Row 1: log(pi_old / pi_rollout) = 1, -1, 0: k3 = e^x - 1 - x = 0.718, 0.368, 0, mean 0.362 > 0.01: rejected.
+    # Row 2: 0.1, -0.1, 0: k3 mean 0.00334 <= 0.01: kept, w = e^0.1, e^-0.1, 1 (none truncated).
+    # reinforce without IS, A = +1, token-mean over all 6 tokens (vespo keeps the rejected ones in the count; verl
+    # drops them from its response mask, which would divide by 3): loss = (e^0.1 + 2 e^-0.1 + 0.5) / 6
+    logp = torch.tensor(LOGP * 2, dtype=torch.float64, requires_grad=True)
+    rollout = logp.detach() - torch.tensor([[1.0, -1.0, 0.0], [0.1, -0.1, 0.0]], dtype=torch.float64)
+    spec, mask = get_loss("reinforce"), torch.ones(2, 3, dtype=torch.bool)
+    rc = {"mode": "tis_token", "threshold": 2.0, "reject_by": "seq_mean_k3", "reject_high": 0.01}
+    out = call_loss(spec, logp, logp.detach(), torch.ones(2, dtype=torch.float64), mask,
+                    spec.config_cls(is_level="none", rollout_correction=rc), rollout_logp=rollout)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert out.loss.item() == pytest.approx(0.5691409590245945, rel=1e-12)
+    assert sum(grad.tolist(), []) == pytest.approx([0.0] * 3 + [-0.18419515301260794, -0.15080623633932658, -1 / 6],
+                                                    rel=1e-12)
+    assert out.metrics["rollout/masked_frac"].item() == 0.5
+    assert out.metrics["rollout/truncated_frac"].item() == pytest.approx(1 / 6)  # row 1's e^1 > 2, rejected anyway
+
+
+def test_a_k1_rejection_bands_pi_rollout_over_pi_old_by_hand():
+    # verl's k1 = -log r = log(pi_rollout / pi_old) is kept in [log reject_low, log reject_high]: an asymmetric band
+    # [0.5, 1.2] on pi_rollout / pi_old. Sequence TIS (C = 2) with seq_sum_k1: row 1 sums log(pi_old / pi_rollout)
+    # = 0.5 (pi_rollout / pi_old = e^-0.5 = 0.61, kept, w = e^0.5 = 1.6487), row 2 sums -0.3 (e^0.3 = 1.35 > 1.2,
+    # rejected). The band read the other way (on pi_old / pi_rollout, low and high swapped and inverted) would reject
+    # row 1 (e^0.5 > 1.2) and keep row 2. reinforce without IS, A = +1, token-mean over 6:
+    # loss = e^0.5 * 3.5 / 6, gradient -e^0.5 / 6 on row 1's tokens, 0 on row 2's
+    logp = torch.tensor(LOGP * 2, dtype=torch.float64, requires_grad=True)
+    rollout = logp.detach() - torch.tensor([[0.2, 0.2, 0.1], [-0.1, -0.1, -0.1]], dtype=torch.float64)
+    spec, mask = get_loss("reinforce"), torch.ones(2, 3, dtype=torch.bool)
+    rc = {"mode": "tis_seq", "threshold": 2.0, "reject_by": "seq_sum_k1", "reject_low": 0.5, "reject_high": 1.2}
+    out = call_loss(spec, logp, logp.detach(), torch.ones(2, dtype=torch.float64), mask,
+                    spec.config_cls(is_level="none", rollout_correction=rc), rollout_logp=rollout)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert out.loss.item() == pytest.approx(0.9617540745750747, rel=1e-12)
+    assert sum(grad.tolist(), []) == pytest.approx([-0.27478687845002137] * 3 + [0.0] * 3, rel=1e-12)
+
+
+def test_a_rejection_bound_that_cannot_act_is_refused_in_one_line():
+    # reject_low / reject_high bound reject_by's statistic: without it (or on a mode it cannot filter) they are refused
+    from vespo.losses.rollout_correction import RolloutCorrection
+    cases = [({"mode": "tis_token", "reject_low": 0.5}, "rollout_correction.reject_low cannot act without "
+              "rollout_correction.reject_by"),
+             ({"mode": "mis_seq", "reject_high": 2.0}, "rollout_correction.reject_high cannot act without"),
+             ({"mode": "geo_mask", "reject_by": "seq_mean_k3", "reject_high": 0.01}, "rollout_correction.reject_by "
+              "applies to mode reject, tis_token"),
+             ({"mode": "none", "reject_high": 0.01}, "rollout_correction.reject_high applies to mode"),
+             ({"mode": "tis_token", "reject_by": "seq_mean_k3"}, "rollout_correction.reject_high .* is required"),
+             ({"mode": "icepop", "reject_by": "token_k2", "reject_high": 0.1, "reject_low": 0.01},
+              "rollout_correction.reject_low applies to a k1 option only"),
+             ({"mode": "tis_seq", "reject_by": "seq_mean_k1", "reject_low": 2.0, "reject_high": 1.5},
+              r"rollout_correction.reject_low must be a finite number in \(0, reject_high\]")]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message) as error:
+            RolloutCorrection(**options)
+        assert "\n" not in str(error.value)
+
+
 # ---- the newer methods: DPPO, M2PO, geometric sequence masking, VCPO's step size
 
 DPPO_LOGP, DPPO_OLD = [[-0.2, -2.0, -0.5]], [[-1.0, -2.3, -0.6]]

@@ -14,7 +14,7 @@ import torch
 from vespo.losses import AGG_MODES, get_loss, loss_names
 
 from .batches import agg_kwargs, call_loss, make_batch, to_lists
-from .reference import geo_kept, m2po_kept, reference_loss
+from .reference import geo_kept, m2po_kept, reference_loss, reject_kept
 
 RNG_SEED = 1234
 SCALES = (1e-3, 0.1, 1.0, 8.0)  # 8.0 drives log W past +-20 and GSPO past its clamp
@@ -88,7 +88,20 @@ CORRECTIONS = {"tis_token": {"threshold": 1.5}, "tis_seq": {"threshold": 1.5}, "
                "icepop_normalized": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4, "batch_normalize": True},
                "reject_token_k3": {"mode": "reject", "reject_by": "token_k3", "reject_high": 0.05},
                "reject_seq_mean_k1": {"mode": "reject", "reject_by": "seq_mean_k1", "reject_low": 0.9, "reject_high": 1.2},
-               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1}}
+               "reject_seq_max_k2": {"mode": "reject", "reject_by": "seq_max_k2", "reject_high": 0.1},
+               # a rejection on top of an importance weight (verl's rollout_is with rollout_rs)
+               "tis_token_rs_seq_mean_k3": {"mode": "tis_token", "threshold": 1.5, "reject_by": "seq_mean_k3",
+                                            "reject_high": 0.02},
+               "tis_seq_rs_seq_mean_k1": {"mode": "tis_seq", "threshold": 1.5, "reject_by": "seq_mean_k1",
+                                          "reject_low": 0.9, "reject_high": 1.2},
+               "tis_seq_normalized_rs_token_k1": {"mode": "tis_seq", "threshold": 1.5, "batch_normalize": True,
+                                                  "reject_by": "token_k1", "reject_low": 0.8, "reject_high": 1.1},
+               "mis_token_rs_token_k2": {"mode": "mis_token", "threshold": 1.5, "reject_by": "token_k2",
+                                         "reject_high": 0.02},
+               "mis_seq_rs_seq_sum_k1": {"mode": "mis_seq", "threshold": 1.5, "reject_by": "seq_sum_k1",
+                                         "reject_low": 0.7, "reject_high": 1.3},
+               "icepop_rs_seq_max_k2": {"mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.4,
+                                        "reject_by": "seq_max_k2", "reject_high": 0.1}}
 
 
 def correction_config(name, mode, **options):
@@ -143,6 +156,43 @@ def test_geo_mask_band_splits_the_reference_batches():
         kept += [geo_kept(source, batch["mask"], rc.rollout_correction, i)
                  for i in range(len(batch["mask"]) - 1)]  # the last row is empty
     assert 0 < sum(kept) < len(kept)
+
+
+FILTERED = sorted(mode for mode in CORRECTIONS if "_rs_" in mode)  # a rejection on top of an importance weight
+
+
+@pytest.mark.parametrize("mode", FILTERED)
+def test_each_rejection_on_an_importance_weight_splits_the_reference_batches(mode):
+    """The comparisons of the combined modes above are not vacuous: on their batches the rejection keeps some valid
+    tokens and rejects others, and it changes the update of the importance weight alone."""
+    kept = []
+    for seed in range(3):
+        batch = make_batch(scale=0.2, seed=seed, rollout=True)
+        rc = correction_config("grpo", mode).rollout_correction
+        lists = to_lists(batch)
+        source = SimpleNamespace(base=lists["old_logp"], rollout=lists["rollout_logp"])
+        kept += [k for i, row in enumerate(lists["mask"])
+                 for k, m in zip(reject_kept(source, lists["mask"], rc, i), row) if m]
+        alone = {key: value for key, value in CORRECTIONS[mode].items() if not key.startswith("reject")}
+        _, filtered, _, _ = run_both("grpo", batch, correction_config("grpo", mode))
+        _, plain, _, _ = run_both("grpo", batch, get_loss("grpo").config_cls(rollout_correction=alone))
+        assert not torch.allclose(filtered, plain, rtol=1e-6)
+    assert 0 < sum(kept) < len(kept)
+
+
+@pytest.mark.parametrize("name", ["grpo", "vespo"])
+def test_reference_catches_a_k1_band_read_the_other_way(name):
+    """Mutation test: the k1 band [reject_low, reject_high] is on pi_rollout / pi_old (verl's k1 = -log r); the loss
+    run with the band read on pi_old / pi_rollout (low and high swapped and inverted) is caught by the reference."""
+    rc = {"mode": "tis_seq", "threshold": 1.5, "reject_by": "seq_mean_k1", "reject_low": 0.95, "reject_high": 1.3}
+    swapped = {**rc, "reject_low": 1 / 1.3, "reject_high": 1 / 0.95}
+    caught = 0
+    for seed in range(3):
+        batch = make_batch(scale=0.2, seed=seed, rollout=True)
+        _, grad, _, _ = run_both(name, batch, get_loss(name).config_cls(rollout_correction=swapped))
+        _, _, _, ref_grad = run_both(name, batch, get_loss(name).config_cls(rollout_correction=rc))
+        caught += not torch.allclose(grad, ref_grad, rtol=1e-6)
+    assert caught == 3
 
 
 @pytest.mark.parametrize("name,overrides,metric", [

@@ -1,5 +1,7 @@
-"""gmpo, dro, kl_cov and clip_cov against verl 0.9.1's geo_mean, dro, kl_cov and clip_cov: runs
-verl_peer_check.py inside the verl virtualenv (.venv-verl, scripts/setup_verl_env.sh) and reads its results."""
+"""gmpo, dro, kl_cov and clip_cov against verl 0.9.1's geo_mean, dro, kl_cov and clip_cov, and the rollout
+correction against verl's rejection, batch normalization and every RolloutCorrectionConfig preset (the table
+"verl's presets" in docs/losses.md): runs verl_peer_check.py inside the verl virtualenv (.venv-verl,
+scripts/setup_verl_env.sh) and reads its results."""
 
 from __future__ import annotations
 
@@ -58,3 +60,40 @@ def test_batch_normalized_weights_equal_verls(result):
     for case, check in result["batch_normalize"].items():
         assert check["diff"] < 2e-8, (case, check)
         assert check["factor_min"] < 0.99 or check["factor_max"] > 1.01, (case, check)
+
+
+def test_the_preset_table_lists_every_verl_preset(result):
+    """docs/losses.md's table "verl's presets" has a row for each of the 19 classmethods of verl 0.9.1's
+    RolloutCorrectionConfig, and no other."""
+    presets = result["presets"]
+    assert presets["table"] == presets["verl"] and len(presets["verl"]) == 19
+    assert set(presets["rows"]) == set(presets["verl"])
+
+
+def test_every_preset_equals_its_vespo_setting(result):
+    """Each row's vespo setting gives verl's per-token correction factor (IS weight x rejected mask), loss and
+    gradient to 1e-15 (float64, 4 seeds x 7 mismatch scales), decoupled rows with verl's count of kept tokens."""
+    for name, row in result["presets"]["rows"].items():
+        assert row["weight"] < 1e-15 and row["loss"] < 1e-15 and row["grad"] < 1e-15, (name, row)
+        assert row["compared"] >= 15, (name, row)
+        assert row["max_abs_seq_log_ratio"] < 20, (name, row)  # below verl's clamp of the log-ratio before exp
+
+
+def test_each_presets_filter_and_truncation_acted(result):
+    """The comparison covers each part a preset has: its rejection kept some tokens and rejected others, its TIS
+    truncated some weights, its IcePop band zeroed some kept tokens."""
+    for name, row in result["presets"]["rows"].items():
+        if row["rollout_rs"] is not None:
+            assert row["kept"] > 0 and row["rejected"] > 0, (name, row)
+        else:
+            assert row["rejected"] == 0, (name, row)
+        if row["rollout_is"] is not None and not isinstance(row["rollout_is_threshold"], str):
+            assert row["truncated"] > 0, (name, row)
+        if isinstance(row["rollout_is_threshold"], str):  # "lo_hi": IcePop
+            assert row["zeroed"] > 0, (name, row)
+
+
+def test_a_k1_band_read_the_other_way_differs_from_verls(result):
+    """Mutation check: vespo's k1 band on pi_old / pi_rollout (low and high swapped and inverted) instead of verl's
+    pi_rollout / pi_old gives other weights than verl's seq_sum_k1 "0.7_1.6" on the same batches."""
+    assert result["presets_mutated"]["differ"] > 0

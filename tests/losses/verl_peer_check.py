@@ -11,8 +11,14 @@ clip_cov draws its cut tokens from torch's global generator in both: each call i
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import shlex
+from pathlib import Path
 from types import SimpleNamespace
+
+import yaml
 
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -92,7 +98,8 @@ def main() -> None:
                 selected += float(out.rows.get("cov_selected", out.rows.get("clip_high", torch.zeros(1))).sum())
         diffs[case], acted[case] = worst, selected
     print(json.dumps({"diff": diffs, "acted": acted, "rejection": check_rejection(),
-                      "batch_normalize": check_batch_normalize()}))
+                      "batch_normalize": check_batch_normalize(), "presets": check_presets(),
+                      "presets_mutated": mutated_presets()}))
 
 
 def check_rejection() -> dict:
@@ -146,6 +153,178 @@ def check_batch_normalize() -> dict:
             worst = max(worst, abs(factors[-1] - metrics["rollout_is_batch_norm_factor"]))
         out[case] = {"diff": worst, "factor_min": min(factors), "factor_max": max(factors)}
     return out
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "losses.md"
+PRESET_SCALES = (0.0003, 0.001, 0.003, 0.03, 0.1, 0.3, 1.0)  # the geo band (+-0.001) and k3's 0.01 split the rows
+
+
+class VerlConfig(SimpleNamespace):
+    """The attributes and ``get`` verl's vanilla and bypass-mode losses read from their ActorConfig."""
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+
+def preset_table(path: Path = DOCS) -> dict[str, str]:
+    """docs/losses.md's table "verl's presets": verl preset -> the vespo setting (its code span)."""
+    lines = path.read_text().split("\n")
+    start = lines.index("### verl's presets")
+    rows = {}
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        if len(cells) == 3:
+            rows[cells[0].strip("`")] = re.fullmatch(r"`([^`]*)`", cells[2]).group(1)
+    return rows
+
+
+def vespo_setting(line: str) -> tuple[str, dict, bool]:
+    """(loss name, its options, bypass) of a vespo setting such as `loss.name=grpo staleness.behavior=rollout
+    "loss.options.rollout_correction={mode: reject, ...}"`; the loss defaults to grpo (verl's vanilla)."""
+    name, options, behavior = "grpo", {}, None
+    for item in shlex.split(line):
+        key, _, raw = item.partition("=")
+        value = yaml.safe_load(raw)
+        if key == "loss.name":
+            name = value
+        elif key.startswith("loss.options."):
+            options[key.removeprefix("loss.options.")] = value
+        elif key == "staleness.behavior":
+            behavior = value
+        else:
+            raise ValueError(f"unexpected override {item!r}")
+    assert behavior in ("recompute", "rollout"), line
+    return name, options, behavior == "rollout"
+
+
+def verl_presets() -> dict[str, dict]:
+    """Every preset (classmethod) of verl's RolloutCorrectionConfig, as its fields."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    out = {}
+    for attr, value in vars(RolloutCorrectionConfig).items():
+        if isinstance(value, classmethod):
+            preset = getattr(RolloutCorrectionConfig, attr)()
+            if isinstance(preset, RolloutCorrectionConfig):
+                out[attr] = {f.name: getattr(preset, f.name) for f in dataclasses.fields(preset)}
+    return out
+
+
+def run_verl_preset(preset: dict, old, logp, rollout, adv, mask):
+    """verl's loss, gradient and per-token correction factor (IS weight x rejected mask) under one preset:
+    decoupled mode as verl's trainer runs it (compute_rollout_correction_and_rejection_mask on pi_old / pi_rollout,
+    then its vanilla loss with the IS weights, the rejected mask and the count of its kept tokens), bypass mode
+    through compute_policy_loss_bypass_mode (old := rollout, the count taken before the loss rejects)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    fields = {k: preset[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize",
+                                     "rollout_rs", "rollout_rs_threshold")}
+    mask_f = mask.double()
+    lp = logp.clone().requires_grad_(True)
+    token_adv = adv[:, None].expand_as(lp).clone()
+    if preset["bypass_mode"]:
+        is_proto, kept, _ = compute_rollout_correction_and_rejection_mask(logp, rollout, mask_f, **fields)
+        is_w = is_proto.batch["rollout_is_weights"] if is_proto is not None else None
+        factor = kept * (is_w if is_w is not None and preset["loss_type"] == "reinforce" else 1.0)
+        config = VerlConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                            policy_loss=VerlConfig(rollout_correction=preset),
+                            global_batch_info={"batch_num_tokens": float(mask_f.sum()), "dp_size": 1})
+        loss, _ = get_policy_loss_fn("bypass_mode")(rollout, lp, token_adv, mask_f, loss_agg_mode="token-mean",
+                                                    config=config)
+        count = None
+    else:
+        is_proto, kept, _ = compute_rollout_correction_and_rejection_mask(old, rollout, mask_f, **fields)
+        is_w = is_proto.batch["rollout_is_weights"] if is_proto is not None else None
+        factor = kept * (is_w if is_w is not None else 1.0)
+        count = float(kept.sum())
+        config = VerlConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                            policy_loss=VerlConfig(), global_batch_info={"batch_num_tokens": count, "dp_size": 1})
+        loss, _ = get_policy_loss_fn("vanilla")(old, lp, token_adv, kept, loss_agg_mode="token-mean", config=config,
+                                                rollout_is_weights=is_w)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, factor, count, kept
+
+
+def run_vespo_setting(setting: str, old, logp, rollout, adv, mask, normalizer):
+    """vespo's loss, gradient and per-token correction weight (x mask) under one setting of the table."""
+    from vespo.losses.base import rollout_correction
+
+    name, options, bypass = vespo_setting(setting)
+    spec = get_loss(name)
+    cfg = spec.config_cls(**options)
+    lp = logp.clone().requires_grad_(True)
+    x = prepare_inputs(lp, rollout if bypass else old, adv, mask, None if bypass else rollout, bypass=bypass)
+    out = spec.fn(x, cfg, normalizer)
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    correction = rollout_correction(x, cfg)
+    weight = torch.ones_like(x.mask_f) if correction is None else correction.weight.expand_as(x.mask_f)
+    return out.loss.detach(), grad, weight * x.mask_f
+
+
+def check_presets() -> dict:
+    """Every verl preset against its vespo setting in docs/losses.md: the largest |difference| of the per-token
+    correction factor, the loss and its gradient over seeds and scales (decoupled batches where verl rejected every
+    token, whose token-mean verl divides by 0, compare the factor only), and how many valid tokens verl's rejection
+    kept and rejected, how many IS weights it truncated, and how many kept tokens IcePop's band zeroed."""
+    table, presets = preset_table(), verl_presets()
+    out = {"table": sorted(table), "verl": sorted(presets), "rows": {}}
+    for name in sorted(set(table) & set(presets)):
+        preset = presets[name]
+        row = {"weight": 0.0, "loss": 0.0, "grad": 0.0, "kept": 0, "rejected": 0,
+               "truncated": 0, "zeroed": 0, "max_abs_seq_log_ratio": 0.0, "compared": 0,
+               **{k: preset[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_rs", "bypass_mode",
+                                         "loss_type")}}
+        for seed in SEEDS:
+            for scale in PRESET_SCALES:
+                old, _, adv, mask = batch(seed, 0.3)
+                g = torch.Generator().manual_seed(1000 + seed)  # the engine and pi_theta each `scale` from pi_old
+                rollout = old - scale * torch.randn(old.shape, generator=g, dtype=torch.float64)
+                logp = old + scale * torch.randn(old.shape, generator=g, dtype=torch.float64)
+                v_loss, v_grad, v_factor, count, kept = run_verl_preset(preset, old, logp, rollout, adv, mask)
+                empty = count == 0  # decoupled, every token rejected: verl's token-mean is 0 / 0
+                o_loss, o_grad, o_weight = run_vespo_setting(table[name], old, logp, rollout, adv, mask,
+                                                             None if empty else count)
+                row["weight"] = max(row["weight"], float((v_factor - o_weight).abs().max()))
+                if not empty:
+                    row["loss"] = max(row["loss"], float((v_loss - o_loss).abs()))
+                    row["grad"] = max(row["grad"], float((v_grad - o_grad).abs().max()))
+                    row["compared"] += 1
+                row["kept"] += int(kept.sum())
+                row["zeroed"] += int(((v_factor == 0) & (kept > 0)).sum())  # IcePop's band (the mask kept them)
+                row["rejected"] += int(mask.sum()) - int(kept.sum())
+                base = logp if preset["bypass_mode"] else old
+                d = torch.where(mask, base - rollout, 0.0)
+                level, threshold = preset["rollout_is"], preset["rollout_is_threshold"]
+                if level is not None and not isinstance(threshold, str):
+                    ratio = d.exp() if level == "token" else d.sum(-1, keepdim=True).exp().expand_as(d)
+                    row["truncated"] += int(((ratio > threshold) & mask).sum())
+                row["max_abs_seq_log_ratio"] = max(row["max_abs_seq_log_ratio"], float(d.sum(-1).abs().max()))
+        out["rows"][name] = row
+    return out
+
+
+def mutated_presets() -> dict:
+    """Mutation check: vespo's k1 band read the wrong way round (on pi_old / pi_rollout: low and high swapped and
+    inverted) against verl's sequence TIS with seq_sum_k1 "0.7_1.6"; the valid tokens whose factor differs."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    from vespo.losses.rollout_correction import RolloutCorrection, correction_weight
+
+    differ = 0
+    for seed in SEEDS:
+        old, _, _, mask = batch(seed, 0.3)
+        rollout = old - 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        is_proto, kept, _ = compute_rollout_correction_and_rejection_mask(
+            old, rollout, mask.double(), rollout_is="sequence", rollout_is_threshold=2.0, rollout_rs="seq_sum_k1",
+            rollout_rs_threshold="0.7_1.6")
+        theirs = is_proto.batch["rollout_is_weights"] * kept
+        rc = RolloutCorrection(mode="tis_seq", threshold=2.0, reject_by="seq_sum_k1", reject_low=1 / 1.6,
+                               reject_high=1 / 0.7)
+        mine = correction_weight(torch.where(mask, rollout - old, 0.0), mask.double(), rc).expand_as(theirs) * mask
+        differ += int(((mine - theirs).abs() > 1e-12).sum())
+    return {"differ": differ}
 
 
 if __name__ == "__main__":

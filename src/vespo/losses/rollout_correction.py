@@ -12,6 +12,14 @@ kernels, precision, MoE routing). With rho_t = pi_old / pi_rollout per token:
     reject      w = 1 if the divergence statistic (reject_by: k1, k2 or k3, per token or per sequence as its sum,
                 mean or max) is within its bound else 0: verl's rollout_rs rejection (:func:`reject_keep`)
 
+``reject_by`` (with ``reject_high``, ``reject_low``) also filters the importance modes tis_*, mis_* and icepop:
+w = (their weight) x (1 if the statistic is within its bound else 0), verl's rollout_is combined with rollout_rs
+(compute_rollout_correction_and_rejection_mask: the IS weights times the rejected response mask), so every verl
+preset that pairs a rejection with IS weights is one setting, e.g. decoupled_k3_rs_token_tis is
+``{mode: tis_token, threshold: 2, reject_by: seq_mean_k3, reject_high: 0.01}``. The weights are normalized
+(``batch_normalize``) before the rejection, as verl's are. VESPO adds both logs to log W: the importance part's
+and log 1e-8 for each rejected token (token_*) or once for a rejected sequence (seq_*).
+
 Each weight is an importance part (rho, or min(rho, C)) times a rejection part (the 0/1 of the mask;
 1 for tis_*). geo_mask is geometric sequence masking (verl's Geo-RS presets, SkyRL's
 `sequence_mask_metric=geometric`): a filter, not a reweighting. It compares log rho_bar_i (the mean token
@@ -81,6 +89,7 @@ BYPASS_BATCH_NORMALIZE = (
     "with is_level=none"
 )
 NORMALIZABLE: tuple[str, ...] = ("tis_token", "tis_seq", "mis_token", "mis_seq", "icepop")  # importance weights
+FILTERABLE: tuple[str, ...] = ("reject",) + NORMALIZABLE  # the modes reject_by applies to
 
 
 @dataclass
@@ -90,8 +99,9 @@ class RolloutCorrection:
     mode: str = "none"
     """none | tis_token | tis_seq | mis_token | mis_seq (truncate or mask, per token or per sequence) |
     geo_mask (mask a sequence whose geometric-mean ratio leaves [geo_low, geo_high]) | icepop (zero a
-    token's weight outside [icepop_low, icepop_high]). With mu = the engine's log-probs the ratio is
-    pi_theta / pi_rollout and only the rejection part acts; tis_* and icepop are refused there (module docstring)."""
+    token's weight outside [icepop_low, icepop_high]) | reject (0/1 by reject_by, which also filters tis_*, mis_*
+    and icepop). With mu = the engine's log-probs the ratio is pi_theta / pi_rollout and only the rejection part
+    acts; tis_* and icepop are refused there (module docstring)."""
     threshold: float = 2.0
     """C: weights above it are truncated to C (tis_*) or masked to 0 (mis_*); must be > 0."""
     geo_low: float = 0.99
@@ -109,15 +119,16 @@ class RolloutCorrection:
     *_seq (verl's rollout_is_batch_normalize). Importance-weight modes only (tis_*, mis_*, icepop); refused with
     mu = the engine's log-probs on a loss with its own ratio (only a rejection applies there)."""
     reject_by: str | None = None
-    """reject: the divergence that rejects, verl's rollout_rs option: token_k1|k2|k3, seq_sum_k1|k2|k3,
+    """The divergence that rejects, verl's rollout_rs option: token_k1|k2|k3, seq_sum_k1|k2|k3,
     seq_mean_k1|k2|k3, seq_max_k2|k3 (k1 = log(pi_rollout / pi), k2 = (log r)^2 / 2, k3 = r - 1 - log r of
-    r = pi / pi_rollout clamped at +-20). Required with mode=reject, refused with any other mode."""
+    r = pi / pi_rollout clamped at +-20). Required with mode=reject; optional with tis_*, mis_* and icepop
+    (a rejection on top of their weight, verl's rollout_is with rollout_rs); refused with none and geo_mask."""
     reject_high: float | None = None
-    """reject: upper bound of a kept statistic (for k1 a ratio pi_rollout / pi: exp(k1) <= reject_high); > 0.
-    Required with mode=reject."""
+    """Upper bound of a kept statistic (for k1 a ratio pi_rollout / pi: exp(k1) <= reject_high); > 0.
+    Required with reject_by, refused without it."""
     reject_low: float | None = None
-    """reject with a k1 option: lower bound of the kept ratio exp(k1); None is 1 / reject_high (verl's single
-    threshold). Refused with k2 / k3 (they have no lower bound)."""
+    """With a k1 option: lower bound of the kept ratio exp(k1); None is 1 / reject_high (verl's single
+    threshold). Refused with k2 / k3 (they have no lower bound) and without reject_by."""
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_CORRECTION_MODES:
@@ -147,14 +158,23 @@ class RolloutCorrection:
 
     def _check_reject(self) -> None:
         options = {"reject_by": self.reject_by, "reject_high": self.reject_high, "reject_low": self.reject_low}
-        if self.mode != "reject":
-            given = [name for name, value in options.items() if value is not None]
+        given = [name for name, value in options.items() if value is not None]
+        if self.mode not in FILTERABLE:
             if given:
-                raise ValueError(f"rollout_correction.{given[0]} applies to mode=reject only; got mode={self.mode!r}")
+                raise ValueError(f"rollout_correction.{given[0]} applies to mode {', '.join(FILTERABLE)}; "
+                                 f"got mode={self.mode!r}")
+            return
+        if self.reject_by is None and self.mode != "reject":
+            if given:
+                raise ValueError(f"rollout_correction.{given[0]} cannot act without rollout_correction.reject_by "
+                                 f"(the statistic it bounds); got mode={self.mode!r} with no reject_by")
             return
         if self.reject_by not in REJECT_BY:
             raise ValueError(f"rollout_correction.reject_by must be one of {', '.join(REJECT_BY)}; "
                              f"got {self.reject_by!r}")
+        if self.reject_high is None:
+            raise ValueError("rollout_correction.reject_high (the bound) is required with "
+                             f"reject_by={self.reject_by!r}")
         if not (_real(self.reject_high) and self.reject_high > 0):
             raise ValueError(f"rollout_correction.reject_high must be a finite number > 0; got {self.reject_high!r}")
         if not self.reject_by.endswith("k1"):
@@ -178,8 +198,10 @@ class Correction:
     """One loss call's rollout correction, computed once (:func:`correct`): the weight w a loss multiplies by,
     log w where VESPO adds it to log W, and where tis_* truncated w at C."""
 
-    weight: Tensor  # [B, T] token modes, [B, 1] *_seq and geo_mask: w, detached (batch-normalized when asked)
-    log_weight: Tensor | None  # the same shape: log w clamped to [log 1e-8, 20], padding 0; None unless asked for
+    weight: Tensor  # [B, T] token modes, [B, 1] *_seq and geo_mask ([B, T] with a token_* reject_by): w, detached
+    #                 (batch-normalized when asked, before the rejection)
+    log_weight: Tensor | None  # the same shape: log w clamped to [log 1e-8, 20], padding 0; [B, 1] row sums with
+    #                            reject_by on an importance mode; None unless asked for
     truncated: Tensor | None  # tis_*: where rho > C, [B, T] or [B, 1] bool; None for other modes
 
 
@@ -203,10 +225,8 @@ def correct(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, re
         weight, log_w = keep.to(mask_f.dtype), torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
         return Correction(weight, log_w if log_space else None, None)
     if mode == "reject":
-        keep = reject_keep(rollout_d, mask_f, cfg)  # [B, T] or [B, 1]
-        log_w = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
-        log_w = log_w * mask_f if cfg.reject_by.startswith("token") else log_w
-        return Correction(keep.to(mask_f.dtype), log_w if log_space else None, None)
+        keep, log_keep = _rejection(rollout_d, mask_f, cfg)
+        return Correction(keep, log_keep if log_space else None, None)
     if mode == "icepop":
         log_rho, keep = icepop_keep(rollout_d, cfg, rejection_only)  # [B, T]; bypass mode raises
         weight = torch.where(keep, log_rho.exp(), log_rho.new_zeros(()))
@@ -229,7 +249,20 @@ def correct(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection, re
         weight, log_w = weight / mean, log_w - mean.log()
     if log_w.shape[-1] != 1 or mask_f.shape[-1] == 1:  # token modes: padding gets 0
         log_w = log_w * mask_f  # log_w is finite, so this equals where(mask, log_w, 0)
+    if cfg.reject_by is not None:  # the rejection on top: w times 0/1, log W gets both logs (summed per row)
+        keep, log_keep = _rejection(rollout_d, mask_f, cfg)
+        weight = weight * keep
+        log_w = log_w.sum(dim=-1, keepdim=True) + log_keep.sum(dim=-1, keepdim=True)  # [B, 1]
     return Correction(weight, log_w if log_space else None, cut)
+
+
+def _rejection(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection) -> tuple[Tensor, Tensor]:
+    """The 0/1 weight of ``cfg.reject_by`` ([B, T] for token_*, [B, 1] for seq_*) and its log: 0 where kept,
+    log 1e-8 where rejected (once per rejected sequence; per rejected token, 0 on padding)."""
+    keep = reject_keep(rollout_d, mask_f, cfg)  # [B, T] or [B, 1]
+    log_keep = torch.where(keep, 0.0, LOG_W_MIN).to(mask_f.dtype)
+    log_keep = log_keep * mask_f if cfg.reject_by.startswith("token") else log_keep
+    return keep.to(mask_f.dtype), log_keep
 
 
 def correction_weight(rollout_d: Tensor | None, mask_f: Tensor, cfg: RolloutCorrection,
