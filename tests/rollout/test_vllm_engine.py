@@ -47,6 +47,28 @@ def test_vllm_engine_imports_lazily():
     assert VLLMEngine.__name__ == "VLLMEngine"
 
 
+def test_the_copy_written_for_vllm_has_one_path_per_model_config_and_is_removed():
+    """vLLM keys its compile cache by the model path: a path per config lets the next engine of the model (another
+    worker, a restarted one, the next run) reuse the compiled graphs instead of compiling again."""
+    from vespo.rollout.vllm import VLLMEngine
+
+    tok = build_char_tokenizer()
+
+    def copy_of(model) -> tuple[Path, list[str]]:
+        engine = VLLMEngine.__new__(VLLMEngine)  # the copy alone: vLLM is not needed for it
+        engine._copy = engine._copy_lock = None
+        path = engine._model_path(model, tok)
+        files = sorted(f.name for f in path.iterdir())
+        engine._remove_copy()
+        assert not path.exists()
+        return path, files
+
+    first, files = copy_of(tiny_model("qwen3", "xs", tokenizer=tok, seed=0))
+    assert "model.safetensors" in files and "config.json" in files
+    assert copy_of(tiny_model("qwen3", "xs", tokenizer=tok, seed=1))[0] == first  # other weights, same config
+    assert copy_of(tiny_model("qwen3", "s", tokenizer=tok))[0] != first
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed; this checks the error raised without it")
 def test_missing_vllm_error_says_how_to_install():
     from vespo.rollout import VLLMEngine
