@@ -281,6 +281,77 @@ def test_a_full_disk_keeps_the_previous_checkpoint(finished_run, tmp_path):
     assert resume_point(out) == (out / "checkpoints" / "step-000002", None)
 
 
+
+def _with_file_size_limit(limit: int):
+    """A preexec_fn: files of the child cannot grow past ``limit`` bytes, and a write past it fails with EFBIG (the
+    same OSError path as ENOSPC on a full disk) instead of killing the process with SIGXFSZ."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_full_disk_while_appending_metrics_stops_in_one_line_and_resumes(finished_run, tmp_path):
+    """Step 3's row does not fit in metrics.jsonl (its size is the limit after the resume rewrote the 2 rows before
+    it): one line naming the step and the file, exit 2, no traceback; checkpoint step-000002 stays the latest and
+    valid, metrics.jsonl keeps its whole rows, and a resume on a disk with room completes the run."""
+    import shutil
+
+    from vespo.trainer.checkpoint import resume_point
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    metrics = out / "metrics.jsonl"
+    rows_before = metrics.read_bytes()
+    assert [json.loads(r)["step"] for r in rows_before.splitlines()] == [1, 2]
+    args = ["train", "--resume", *FAST, "task.options={digits: 1}", "run.steps=3", f"run.out_dir={out}"]
+    base = {k: v for k, v in os.environ.items() if k != "VESPO_DEBUG"}
+    done = subprocess.run([sys.executable, "-m", "vespo.cli", *args], capture_output=True, text=True,
+                          env={**base, "OMP_NUM_THREADS": "1"}, timeout=1200,
+                          preexec_fn=_with_file_size_limit(len(rows_before) + 64))
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert last == (f"vespo train: error: no room to append step 3 to {metrics} (File too large): free disk space, "
+                    "then rerun with --resume"), done.stderr
+    assert "checkpoint failed" not in done.stderr, done.stderr  # no checkpoint tried on the full disk
+    assert metrics.read_bytes() == rows_before  # the torn row was taken back
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002"]
+    assert resume_point(out) == (out / "checkpoints" / "step-000002", None)
+
+    resumed = vespo(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "done"
+    assert [json.loads(r)["step"] for r in metrics.read_bytes().splitlines()] == [1, 2, 3]
+
+
+def test_a_full_disk_while_appending_samples_names_the_file(tmp_path):
+    """RunLog.log_samples on a disk that has no room for the rows (a file size limit): the one-line error, and
+    samples.jsonl as it was."""
+    out = tmp_path / "run"
+    script = textwrap.dedent(f"""
+        from vespo.config import load_config
+        from vespo.errors import DiskFullError
+        from vespo.trainer.runlog import RunLog
+
+        log = RunLog(load_config(None, ["run.loggers=[]", "run.out_dir={out}"]), resume_step=None)
+        log.log_samples(1, [{{"completion": "1"}}])
+        try:
+            log.log_samples(2, [{{"completion": "2" * 8192}}])
+        except DiskFullError as e:
+            print(e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(4096))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip() == (f"no room to append step 2 to {out / 'samples.jsonl'} (File too large): free disk "
+                                   "space, then rerun with --resume")
+    assert [json.loads(r)["step"] for r in (out / "samples.jsonl").read_text().splitlines()] == [1]
+
+
 # ---------------------------------------------------------------- what a user's habits expect
 
 

@@ -23,10 +23,12 @@ FileExistsError), so code that catches those keeps working.
       RunDirError        the run directory already holds another run
       ResumeError        a run cannot continue from its checkpoint
       CheckpointError    a checkpoint is incomplete or holds something other than tensors and plain data
+      DiskFullError      the disk (or quota, or file size limit) has no room for a file the run writes
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (SIGINT) at a checkpoint: resumable, not failed
@@ -66,6 +68,31 @@ class ResumeError(UserError, ValueError):
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint is incomplete, unreadable, or holds objects whose loading could run code."""
+
+
+class DiskFullError(UserError, OSError):
+    """A file the run writes (a checkpoint, a metrics or samples row) found no room; the message names it, says
+    what on disk stands, and ends with FREE_AND_RESUME."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file size limit
+FREE_AND_RESUME = "free disk space, then rerun with --resume"
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The OSError of a full disk (or quota, or file size limit) behind ``error``, as its causes, its context or
+    torch.distributed.checkpoint's per-rank failures hold it, or None."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        failures = getattr(e, "failures", {}).values()  # dcp's CheckpointException: rank -> (exception, traceback)
+        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in failures)]
+    return None
 
 
 def debug_requested(argv: list[str]) -> bool:

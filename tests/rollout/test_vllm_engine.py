@@ -47,6 +47,28 @@ def test_vllm_engine_imports_lazily():
     assert VLLMEngine.__name__ == "VLLMEngine"
 
 
+def test_the_copy_written_for_vllm_has_one_path_per_model_config_and_is_removed():
+    """vLLM keys its compile cache by the model path: a path per config lets the next engine of the model (another
+    worker, a restarted one, the next run) reuse the compiled graphs instead of compiling again."""
+    from vespo.rollout.vllm import VLLMEngine
+
+    tok = build_char_tokenizer()
+
+    def copy_of(model) -> tuple[Path, list[str]]:
+        engine = VLLMEngine.__new__(VLLMEngine)  # the copy alone: vLLM is not needed for it
+        engine._copy = engine._copy_lock = None
+        path = engine._model_path(model, tok)
+        files = sorted(f.name for f in path.iterdir())
+        engine._remove_copy()
+        assert not path.exists()
+        return path, files
+
+    first, files = copy_of(tiny_model("qwen3", "xs", tokenizer=tok, seed=0))
+    assert "model.safetensors" in files and "config.json" in files
+    assert copy_of(tiny_model("qwen3", "xs", tokenizer=tok, seed=1))[0] == first  # other weights, same config
+    assert copy_of(tiny_model("qwen3", "s", tokenizer=tok))[0] != first
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed; this checks the error raised without it")
 def test_missing_vllm_error_says_how_to_install():
     from vespo.rollout import VLLMEngine
@@ -74,6 +96,12 @@ def test_generation_logprobs_are_the_processed_ones_vespo_recomputes(engine_resu
     assert r["gen_gap"] < SAME  # temperature 1, no truncation
     assert r["trunc_gap"] < SAME  # temperature 0.7, top-k 20, top-p 0.9: vLLM's processed log-probs
     assert r["trunc_gap_untruncated"] > MOVED  # ... which the truncation moved
+
+
+@needs_env
+def test_the_model_copy_written_for_vllm_is_removed_once_loaded(engine_result):
+    # a rollout worker is killed without running finalizers: a copy kept until then stayed in the temporary directory
+    assert not engine_result["model_copy_left"]
 
 
 @needs_env

@@ -59,7 +59,8 @@ def engine_check() -> dict:
     model = tiny_model("qwen3", "xs", tokenizer=tok)
     t0 = time.perf_counter()
     engine = VLLMEngine(model, tok, dtype="float32")
-    out: dict = {"load_s": time.perf_counter() - t0, "tied": bool(model.config.tie_word_embeddings)}
+    out: dict = {"load_s": time.perf_counter() - t0, "tied": bool(model.config.tie_word_embeddings),
+                 "model_copy_left": Path(engine.llm.model_config.model).exists()}  # the directory vLLM loaded
     prompts = [tok.encode(p) for p in ("12+3=", "7+45=", "9+9=", "30+1=")] * 2
     plain = SamplingParams(max_new_tokens=12)
     truncated = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12)
@@ -188,14 +189,20 @@ def digit_share(completion: str, ground_truth: str) -> float:
 
 
 def run_check(mode: str) -> dict:
-    """A short training run with rollout.engine=vllm on the xs Qwen3 (1-digit addition prompts, no warm start)."""
+    """A short training run with rollout.engine=vllm on the xs Qwen3 (1-digit addition prompts, no warm start), or on
+    SmolLM2-135M-Instruct for the real_ modes; its run directory is removed once read."""
+    with tempfile.TemporaryDirectory(prefix=f"vespo-vllm-{mode}-") as tmp:
+        return _short_run(mode, Path(tmp))
+
+
+def _short_run(mode: str, out_dir: Path) -> dict:
     from safetensors.torch import load_file
 
     from vespo.config import load_config
     from vespo.metrics import read_jsonl
+    from vespo.rundir import VERSIONS
     from vespo.trainer import train
 
-    out_dir = Path(tempfile.mkdtemp(prefix=f"vespo-vllm-{mode}-"))
     real = mode.startswith("real_")
     mode = mode.removeprefix("real_")
     tiny = ["model.size=xs", "task.name=addition", "task.options={digits: 1}", "task.train_size=200",
@@ -220,12 +227,21 @@ def run_check(mode: str) -> dict:
         start = tiny_model("qwen3", "xs", tokenizer=build_char_tokenizer(), seed=0).state_dict()
     trained = load_file(out_dir / "policy" / "model.safetensors")
     moved = max(float((trained[k] - v).abs().max()) for k, v in start.items() if k in trained)
-    return {"run_s": time.perf_counter() - t0, "status": summary.get("status"),
-            "version": summary.get("policy_version"),
-            "mismatch_max": [r["mismatch/abs_diff_max"] for r in rows if "mismatch/abs_diff_max" in r],
-            "checkpoints": sorted(p.name for p in (out_dir / "checkpoints").iterdir())
-            if (out_dir / "checkpoints").exists() else [],
-            "weights_moved": moved, "out_dir": str(out_dir)}
+    out = {"run_s": time.perf_counter() - t0, "status": summary.get("status"),
+           "version": summary.get("policy_version"),
+           "mismatch_max": [r["mismatch/abs_diff_max"] for r in rows if "mismatch/abs_diff_max" in r],
+           "checkpoints": sorted(p.name for p in (out_dir / "checkpoints").iterdir())
+           if (out_dir / "checkpoints").exists() else [],
+           "weights_moved": moved}
+    if mode == "async":
+        # per mini-batch (ticket): the learner's version when it trained on it, and the versions the worker's
+        # engine stamped on its tokens (the version of the weights it last loaded)
+        tickets = list(read_jsonl(out_dir / VERSIONS))
+        out["weight_pushes"] = summary.get("weight_pushes")
+        out["tickets"] = [{"ticket": t["ticket"], "learner_version": t["learner_version"],
+                           "token_version_min": min(t["versions"]), "token_version_max": max(t["versions_max"])}
+                          for t in tickets]
+    return out
 
 
 if __name__ == "__main__":

