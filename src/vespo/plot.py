@@ -39,6 +39,14 @@ LOSSES: dict[str, tuple[str, str]] = {
     "cispo": ("CISPO", "#e377c2"),
     "reinforce": ("REINFORCE", "#7f7f7f"),
     "prime_rl": ("prime-rl", "#b8860b"),
+    "luspo": ("LUSPO", "#006d2c"),
+    "gmpo": ("GMPO", "#4d004b"),
+    "topr": ("TOPR", "#e6550d"),
+    "dro": ("DRO", "#636363"),
+    "ipo": ("IPO (prime-rl)", "#7a0177"),
+    "clip_cov": ("Clip-Cov", "#31a354"),
+    "kl_cov": ("KL-Cov", "#3182bd"),
+    "decoupled_ppo": ("decoupled PPO", "#a63603"),
 }
 METHOD_PARTS = {"tis": "TIS", "geo": "geo mask", "r2": "R2", "r3": "R3", "fp32": "fp32 engine", "bf16": "bf16 engine",
                 "opsm": "OPSM", "icepop": "IcePop", "bypass": "bypass"}

@@ -77,7 +77,8 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
     assert {stem for stem, _, _ in points} == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry",
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
-                                               "mismatch_peers", "real_staleness", "real_stability", "real_mismatch"}
+                                               "mismatch_peers", "staleness_newer", "real_staleness",
+                                               "real_stability", "real_mismatch"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -215,7 +216,7 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
-                "mismatch_peers", "real_staleness", "real_stability", "real_mismatch"]
+                "mismatch_peers", "staleness_newer", "real_staleness", "real_stability", "real_mismatch"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
