@@ -77,7 +77,7 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
     assert {stem for stem, _, _ in points} == {"quick", "staleness", "staleness_short", "length_norm", "asymmetry",
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
-                                               "mismatch_peers", "staleness_newer", "real_staleness",
+                                               "mismatch_peers", "staleness_newer", "async_newer", "real_staleness",
                                                "real_stability", "real_mismatch"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
@@ -136,7 +136,7 @@ def test_the_experiments_vary_what_they_say(shipped_points):
     assert {c.staleness.n * 8 for c in staleness} == {c.prompts_per_step for c in staleness}
     assert {c.run.updates for c in staleness} == {512}
     assert {c.loss.options.length_norm for c in by["length_norm"]} == {"none", "sqrt", "linear"}
-    for stem in ("async", "lr_range_async"):
+    for stem in ("async", "lr_range_async", "async_peers", "async_newer"):
         assert {(c.run.mode, c.staleness.behavior, c.async_.sync_every) for c in by[stem]} == {("async", "rollout", 4)}
     for stem in ("lr_range", "lr_range_async"):  # 8 learning rates, evenly spaced in log (1.5x-1.7x apart)
         lrs = sorted({c.optim.lr for c in by[stem]})
@@ -216,7 +216,7 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
-                "mismatch_peers", "staleness_newer", "real_staleness", "real_stability", "real_mismatch"]
+                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness", "real_stability", "real_mismatch"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
