@@ -352,6 +352,82 @@ def test_a_full_disk_while_appending_samples_names_the_file(tmp_path):
     assert [json.loads(r)["step"] for r in (out / "samples.jsonl").read_text().splitlines()] == [1]
 
 
+def test_a_full_disk_while_appending_versions_names_the_update(tmp_path):
+    """An async run's RUN_DIR/versions.jsonl on a disk with no room for the next update's row (a file size limit):
+    the one-line error naming the update and the file, and the file keeps its whole rows (no torn last line)."""
+    out = tmp_path / "run"
+    script = textwrap.dedent(f"""
+        import torch
+        from types import SimpleNamespace
+        from vespo.config import load_config
+        from vespo.errors import DiskFullError
+        from vespo.trainer.ray_source import RaySource
+        from vespo.types import TrainBatch
+
+        def batch(width):
+            return TrainBatch(prompt_ids=torch.ones(1, 2, dtype=torch.long), prompt_mask=torch.ones(1, 2, dtype=torch.long),
+                              response_ids=torch.ones(1, width, dtype=torch.long), response_mask=torch.ones(1, width),
+                              rollout_logp=torch.zeros(1, width), rewards=torch.ones(1), advantages=torch.ones(1),
+                              group_ids=torch.zeros(1, dtype=torch.long), versions=torch.tensor([0]),
+                              versions_max=torch.tensor([width - 1]), token_versions=torch.arange(width)[None],
+                              truncated=torch.zeros(1, dtype=torch.bool))
+
+        source = RaySource.__new__(RaySource)  # the versions log alone: no Ray, no workers
+        source.cfg = load_config(None, ["run.out_dir={out}"])
+        source.learner = SimpleNamespace(version=0)
+        source._open_versions_log(0)
+        source._record_versions(0, batch(4))
+        source.learner.version = 1
+        try:
+            source._record_versions(1, batch(2048))  # token versions 0..2047: a row of ~16 kB
+        except DiskFullError as e:
+            print(e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(4096))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip() == (f"no room to append update 2 to {out / 'versions.jsonl'} (File too large): free "
+                                   "disk space, then rerun with --resume")
+    assert [json.loads(r)["ticket"] for r in (out / "versions.jsonl").read_text().splitlines()] == [0]
+
+
+def test_a_full_disk_while_saving_the_policy_keeps_the_previous_one_and_resume_writes_it(finished_run, tmp_path):
+    """RUN_DIR/policy/ on a disk with no room for its weights (a file size limit below model.safetensors): one line
+    naming the directory, the previous policy intact, no policy.tmp left; and a run stopped there (its checkpoint at
+    its last update, no policy, no summary) writes its policy on --resume."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    policy = out / "policy"
+    before = _files(policy)
+    weights = (policy / "model.safetensors").stat().st_size
+    script = textwrap.dedent(f"""
+        from vespo.errors import DiskFullError
+        from vespo.models.loading import load_policy, save_policy
+
+        model, tokenizer = load_policy("{policy}")
+        try:
+            save_policy(model, tokenizer, "{policy}")
+        except DiskFullError as e:
+            print(e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(weights // 2))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip() == (f"no room to write the policy {policy} (File too large); the previous policy there "
+                                   "is intact; a run's last checkpoint holds its weights: free disk space, then rerun "
+                                   "with --resume")
+    assert _files(policy) == before and not (out / "policy.tmp").exists()
+
+    shutil.rmtree(policy)  # where a run the full disk stopped at its policy stands
+    (out / "summary.json").unlink()
+    resumed = vespo("train", "--resume", *FAST, "task.options={digits: 1}", "run.steps=2", f"run.out_dir={out}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "done"
+    assert _files(policy).keys() == before.keys()
+
+
 # ---------------------------------------------------------------- what a user's habits expect
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (SIGINT) at a checkpoint: resumable, not failed
 
@@ -80,8 +81,8 @@ FREE_AND_RESUME = "free disk space, then rerun with --resume"
 
 
 def disk_full(error: BaseException) -> OSError | None:
-    """The OSError of a full disk (or quota, or file size limit) behind ``error``, as its causes, its context or
-    torch.distributed.checkpoint's per-rank failures hold it, or None."""
+    """The OSError of a full disk (or quota, or file size limit) behind ``error``, as its causes, its context,
+    torch.distributed.checkpoint's per-rank failures or a Rust writer's message ("(os error 28)") hold it, or None."""
     seen, todo = set(), [error]
     while todo:
         e = todo.pop()
@@ -90,9 +91,17 @@ def disk_full(error: BaseException) -> OSError | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_FULL:
             return e
+        if (code := _os_error_code(e)) in DISK_FULL:  # safetensors' Rust writer: "I/O error: ... (os error 28)"
+            return OSError(code, os.strerror(code))
         failures = getattr(e, "failures", {}).values()  # dcp's CheckpointException: rank -> (exception, traceback)
         todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in failures)]
     return None
+
+
+def _os_error_code(error: BaseException) -> int | None:
+    """The errno a non-OSError names in its message as Rust's io::Error prints it ("... (os error 27)"), or None."""
+    found = None if isinstance(error, OSError) else re.search(r"\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
 
 
 def debug_requested(argv: list[str]) -> bool:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from vespo.errors import MissingPathError, ModelError
+from vespo.errors import FREE_AND_RESUME, DiskFullError, MissingPathError, ModelError, disk_full
 
 if TYPE_CHECKING:
     from vespo.config import ModelConfig
@@ -101,10 +101,18 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
         raise FileExistsError(f"{path} holds files but no config.json; refusing to replace it with a policy")
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if config is not None:
-        (tmp / "run_config.json").write_text(json.dumps(config, indent=2, default=str))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if config is not None:
+            (tmp / "run_config.json").write_text(json.dumps(config, indent=2, default=str))
+    except Exception as e:  # a full disk (safetensors raises its own error): the partial copy goes, ``path`` stays
+        if (full := disk_full(e)) is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFullError(f"no room to write the policy {path} ({full.strerror}); "
+                            f"{'the previous policy there is intact; ' if path.exists() else ''}"
+                            "a run's last checkpoint holds its weights: " + FREE_AND_RESUME) from e
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)

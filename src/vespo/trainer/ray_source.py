@@ -46,6 +46,7 @@ from vespo.rundir import VERSIONS
 from vespo.trainer.producer import PromptBatch, PromptSampler
 from vespo.trainer.protocols import Learner, TrainItem
 from vespo.trainer.run import Run
+from vespo.trainer.runlog import append_rows
 from vespo.trainer.sources import step_seed
 from vespo.trainer.workers import remote_worker_class
 from vespo.types import Problem
@@ -296,13 +297,12 @@ class RaySource:
         if first > 0 and path.exists():
             rows = [line for line in _complete_lines(path) if json.loads(line)["ticket"] < first]
         path.write_text("".join(r + "\n" for r in rows))
-        self.versions_file = path.open("a")
+        self.versions_file = path.open("ab", buffering=0)  # whole rows only, synced: append_rows
 
     def _record_versions(self, ticket: int, batch) -> None:
         row = {"ticket": ticket, "learner_version": self.learner.version, "versions": batch.versions.tolist(),
                "versions_max": batch.versions_max.tolist(), "token_versions": _version_runs(batch)}
-        self.versions_file.write(json.dumps(row) + "\n")
-        self.versions_file.flush()
+        append_rows(self.versions_file, self.versions_file.name, ticket + 1, json.dumps(row) + "\n", unit="update")
 
 
 def _version_runs(batch) -> list[list[list[int]]]:

@@ -55,10 +55,11 @@ class JsonlSink:
         self._f.close()
 
 
-def append_rows(f, path: Path, step: int, text: str) -> None:
+def append_rows(f, path: Path, step: int, text: str, unit: str = "step") -> None:
     """Append ``text`` (whole lines) to ``f`` (opened "ab" unbuffered) and sync it. A full disk (or quota, or file
     size limit) takes back what part of it was written, so the file keeps whole rows only, and raises DiskFullError
-    naming the step and the file: the run stops before the step's checkpoint, and --resume repeats the step."""
+    naming the step (or ``unit``: "update") and the file: the run stops before the step's checkpoint, and
+    --resume repeats the step."""
     start = os.lseek(f.fileno(), 0, os.SEEK_END)
     data = memoryview(text.encode())
     try:
@@ -70,7 +71,7 @@ def append_rows(f, path: Path, step: int, text: str) -> None:
             raise
         with contextlib.suppress(OSError):
             os.ftruncate(f.fileno(), start)
-        raise DiskFullError(f"no room to append step {step} to {path} ({e.strerror}): {FREE_AND_RESUME}") from e
+        raise DiskFullError(f"no room to append {unit} {step} to {path} ({e.strerror}): {FREE_AND_RESUME}") from e
 
 
 class TensorBoardSink:
