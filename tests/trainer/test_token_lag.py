@@ -82,7 +82,7 @@ def test_token_versions_are_recorded_scored_and_kept_with_rows_at_their_min_and_
 
 def test_an_async_run_with_partial_rollouts_logs_each_tokens_lag(make_cfg):
     """A real async run (nano policy, 1-digit addition, decoupled_ppo, weights pushed after every update, decoding
-    one token per chunk). Once a worker has sampled a response's first token it waits (up to 30 s) for newer weights
+    one token per chunk). Once a worker has sampled a response's first token it waits (up to 300 s) for newer weights
     before going on, so responses really continue under new weights; everything else is the run as it is. The wait
     cannot deadlock: it is installed after update 1, and a ticket t >= 1 starts with weights w <= t - 1 (the learner
     has not trained ticket t - 1 when the worker finishes it), whose successor the learner pushes after training
@@ -100,7 +100,7 @@ def test_an_async_run_with_partial_rollouts_logs_each_tokens_lag(make_cfg):
                 started.append(state)
                 with worker._cv:
                     worker._cv.wait_for(lambda: worker._pending is not None and worker._pending[1] > worker.version,
-                                        timeout=30.0)
+                                        timeout=300.0)
             return done
 
         worker.engine.advance = advance_then_wait
