@@ -365,7 +365,8 @@ def test_a_full_disk_while_appending_versions_names_the_update(tmp_path):
         from vespo.types import TrainBatch
 
         def batch(width):
-            return TrainBatch(prompt_ids=torch.ones(1, 2, dtype=torch.long), prompt_mask=torch.ones(1, 2, dtype=torch.long),
+            ones = torch.ones(1, 2, dtype=torch.long)
+            return TrainBatch(prompt_ids=ones, prompt_mask=ones,
                               response_ids=torch.ones(1, width, dtype=torch.long), response_mask=torch.ones(1, width),
                               rollout_logp=torch.zeros(1, width), rewards=torch.ones(1), advantages=torch.ones(1),
                               group_ids=torch.zeros(1, dtype=torch.long), versions=torch.tensor([0]),
