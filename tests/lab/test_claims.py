@@ -138,8 +138,8 @@ def test_collapse_rules(tmp_path, synthetic):
                                              f"rate at most {bound:.2f}", "disagrees"]
     assert f"no collapse bounds the rate: at most {bound:.2f} (one-sided 95%, exact)" in verdicts[5].text
     # 3 of 4: the exact 90% interval is [beta.ppf(0.05, 3, 2), beta.ppf(0.95, 4, 1)] = [0.249, 0.987]
-    assert measured(verdicts[0]) == "3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]"
-    assert verdicts[5].text.endswith("control (st loss=sapo): 3/4 runs collapsed (reward 3), rate 0.75 [0.25, 0.99]")
+    assert measured(verdicts[0]) == "3/4 runs collapsed (fell 3), rate 0.75 [0.25, 0.99]"
+    assert verdicts[5].text.endswith("control (st loss=sapo): 3/4 runs collapsed (fell 3), rate 0.75 [0.25, 0.99]")
 
 
 def test_no_collapse_says_nothing_without_a_control_where_the_rule_fires(tmp_path, synthetic):

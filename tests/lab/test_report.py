@@ -70,7 +70,7 @@ def test_condition_rows_give_the_mean_over_seeds_with_its_interval(synthetic):
     assert vespo8[8] == "0/3"
     assert vespo8[6] == vespo8[7] == "never (0/3)"  # one window of 64 updates, mean training reward 0.55 < 0.6
     grpo8 = rows[("grpo", "8")]
-    assert grpo8[8] == "1/3 (reward)"  # seed 2 fell below 0.6 x its best (0.3) at its last 2 of 4 evaluations
+    assert grpo8[8] == "1/3 (fell)"  # seed 2 fell below 0.6 x its best (0.3) at its last 2 of 4 evaluations
     assert grpo8[5] == ci_text(mean_ci([0.6, 0.6, 0.0]))  # train = the last quarter of 4 rows at N = 8 = row 4
     assert grpo8[9] == "8.000" and grpo8[11] == "[-4.00, 0.50]"  # max grad norm 2 x 4 rows; log W over all rows
 

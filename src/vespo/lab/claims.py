@@ -22,6 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, Valida
 
 from vespo.config import load_yaml
 from vespo.lab.grid import SEED_AXIS, Sweep, off_grid, one_line
+from vespo.lab.collapse import REASONS
 from vespo.lab.runs import METRICS, by_seed, select
 from vespo.lab.stats import CONFIDENCE, FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, \
     mean_ci, p_value, paired, rate_ci
@@ -262,9 +263,9 @@ class Collapses(Claim):
 
 
 def collapse_text(runs: pd.DataFrame) -> str:
-    """"2/10 runs collapsed (reward 2), rate 0.20 [0.04, 0.51]"."""
+    """"2/10 runs collapsed (fell 2), rate 0.20 [0.04, 0.51]"."""
     dead, reasons = int(runs.collapsed.sum()), runs[runs.collapsed].reason.value_counts().sort_index()
-    why = " (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")" if dead else ""
+    why = " (" + ", ".join(f"{REASONS[k]} {v}" for k, v in reasons.items()) + ")" if dead else ""
     return f"{dead}/{len(runs)} runs collapsed{why}, rate {ci_text(rate_ci(dead, len(runs)), digits=2)}"
 
 

@@ -20,9 +20,13 @@ from scipy.signal import lfilter
 from scipy.special import expit, logit
 
 
+REASONS = {"reward": "fell", "nonfinite": "non-finite"}  # how tables name a collapse's reason: its evidence fell
+                                                         # below the rule's line, or an update was not finite
+
+
 class Collapse(NamedTuple):
     collapsed: bool
-    reason: str | None = None  # "nonfinite" or "reward"
+    reason: str | None = None  # "nonfinite" or "reward" (the evidence, held-out or training reward, fell)
     step: int | None = None  # 1-based evidence point where the collapse began
     update: int | None = None  # optimizer steps taken at that point
     evidence: str | None = None  # "held-out" or "train"

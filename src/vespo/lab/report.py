@@ -117,7 +117,7 @@ def condition_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     planned, rows = Counter(tuple(p.labels[a] for a in sweep.conditions) for p in sweep.points()), []
     for key, cell in conditions(sweep, runs, grid=True):
         u = cell[cell.usable]
-        reasons = ", ".join(sorted(set(u[u.collapsed].reason)))
+        reasons = ", ".join(sorted(collapse.REASONS[x] for x in set(u[u.collapsed].reason)))
         lo, hi = _agg(u.log_w_min, "min"), _agg(u.log_w_max, "max")
         rows.append({**dict(zip(sweep.conditions, key)),
                      "runs": f"{len(u)}" + (f" of {planned[key]}" if len(u) < planned[key] else "")
@@ -219,7 +219,7 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     return markdown([{"run": f"`{r.run}`", "status": r.status, "logged steps": str(len(r.record.rows or [])),
                       **{name: num(getattr(r, m)) for m, name in FINALS.items()}, "best train": num(r.best_reward),
                       f"updates to {TARGET_REWARD:g}": num(r.updates_to_target, digits=0),
-                      "collapse": f"{r.reason} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
+                      "collapse": f"{collapse.REASONS[r.reason]} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
                       "max grad norm": num(r.max_grad_norm), "mean ESS": num(r.ess), "final EOS rate": num(r.final_eos),
                       "seconds": num(r.seconds, digits=0)} for r in runs.itertuples()])
 
