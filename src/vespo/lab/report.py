@@ -219,7 +219,8 @@ def run_table(sweep: Sweep, runs: pd.DataFrame) -> str:
     return markdown([{"run": f"`{r.run}`", "status": r.status, "logged steps": str(len(r.record.rows or [])),
                       **{name: num(getattr(r, m)) for m, name in FINALS.items()}, "best train": num(r.best_reward),
                       f"updates to {TARGET_REWARD:g}": num(r.updates_to_target, digits=0),
-                      "collapse": f"{collapse.REASONS[r.reason]} at update {r.collapse_update} ({r.evidence})" if r.collapsed else "no",
+                      "collapse": (f"{collapse.REASONS[r.reason]} at update {int(r.collapse_update)} ({r.evidence})"
+                                   if r.collapsed else "no"),
                       "max grad norm": num(r.max_grad_norm), "mean ESS": num(r.ess), "final EOS rate": num(r.final_eos),
                       "seconds": num(r.seconds, digits=0)} for r in runs.itertuples()])
 
