@@ -295,6 +295,15 @@ def _with_file_size_limit(limit: int):
     return apply
 
 
+def _printed_on_a_small_disk(script: str, limit: int) -> str:
+    """What ``script`` prints, run in a fresh Python whose files cannot grow past ``limit`` bytes; it must exit 0
+    without a traceback (the DiskFullError it catches and prints is the one line a user sees)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(limit))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout.strip()
+
+
 def test_a_full_disk_while_appending_metrics_stops_in_one_line_and_resumes(finished_run, tmp_path):
     """Step 3's row does not fit in metrics.jsonl (its size is the limit after the resume rewrote the 2 rows before
     it): one line naming the step and the file, exit 2, no traceback; checkpoint step-000002 stays the latest and
@@ -344,11 +353,9 @@ def test_a_full_disk_while_appending_samples_names_the_file(tmp_path):
         except DiskFullError as e:
             print(e)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(4096))
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout.strip() == (f"no room to append step 2 to {out / 'samples.jsonl'} (File too large): free disk "
-                                   "space, then rerun with --resume")
+    assert _printed_on_a_small_disk(script, 4096) == (
+        f"no room to append step 2 to {out / 'samples.jsonl'} (File too large): free disk space, then rerun with "
+        "--resume")
     assert [json.loads(r)["step"] for r in (out / "samples.jsonl").read_text().splitlines()] == [1]
 
 
@@ -384,11 +391,9 @@ def test_a_full_disk_while_appending_versions_names_the_update(tmp_path):
         except DiskFullError as e:
             print(e)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(4096))
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout.strip() == (f"no room to append update 2 to {out / 'versions.jsonl'} (File too large): free "
-                                   "disk space, then rerun with --resume")
+    assert _printed_on_a_small_disk(script, 4096) == (
+        f"no room to append update 2 to {out / 'versions.jsonl'} (File too large): free disk space, then rerun with "
+        "--resume")
     assert [json.loads(r)["ticket"] for r in (out / "versions.jsonl").read_text().splitlines()] == [0]
 
 
@@ -413,12 +418,9 @@ def test_a_full_disk_while_saving_the_policy_keeps_the_previous_one_and_resume_w
         except DiskFullError as e:
             print(e)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_with_file_size_limit(weights // 2))
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout.strip() == (f"no room to write the policy {policy} (File too large); the previous policy there "
-                                   "is intact; a run's last checkpoint holds its weights: free disk space, then rerun "
-                                   "with --resume")
+    assert _printed_on_a_small_disk(script, weights // 2) == (
+        f"no room to write the policy {policy} (File too large); the previous policy there is intact; a run's last "
+        "checkpoint holds its weights: free disk space, then rerun with --resume")
     assert _files(policy) == before and not (out / "policy.tmp").exists()
 
     shutil.rmtree(policy)  # where a run the full disk stopped at its policy stands
