@@ -21,8 +21,8 @@ import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, ValidationError
 
 from vespo.config import load_yaml
-from vespo.lab.grid import SEED_AXIS, Sweep, off_grid, one_line
 from vespo.lab.collapse import REASONS
+from vespo.lab.grid import SEED_AXIS, Sweep, off_grid, one_line
 from vespo.lab.runs import METRICS, by_seed, select
 from vespo.lab.stats import CONFIDENCE, FAMILY_ERROR, MIN_SEEDS, Interval, Paired, ci_text, exact_paired_p, holm, \
     mean_ci, p_value, paired, rate_ci
