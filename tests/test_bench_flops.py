@@ -43,3 +43,15 @@ def test_batch_forward_flops_by_hand():
     first = 2 * w * 1 + 4 * 2 * 4 + 2 * 5 * 2 * 2  # response 1: one position on 4 keys, the head on 2 tokens
     second = 2 * 5 * 2 * 1  # response 2: no position runs through the body, the head on its one token
     assert real_model.batch_forward_flops(arch, prompt_ids, prompt_mask, response_mask) == prompt + first + second
+
+
+def test_engine_weight_bytes_of_an_engine_without_a_module():
+    """The rollout bound reads the engine's weights once per decode step: an HF engine's own module as it is held,
+    vLLM's (inside its engine core) as the learner's parameter count at the engine's dtype."""
+    params = [torch.zeros(3, 4), torch.zeros(5)]
+    learner = type("Learner", (), {"params": params})()
+    hf = type("HF", (), {"model": torch.nn.Linear(4, 2, dtype=torch.bfloat16)})()
+    assert real_model.engine_weight_bytes(hf, learner, "float32") == (8 + 2) * 2
+    vllm = object()
+    assert real_model.engine_weight_bytes(vllm, learner, "bfloat16") == 17 * 2
+    assert real_model.engine_weight_bytes(vllm, learner, "float32") == 17 * 4
