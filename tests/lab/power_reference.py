@@ -30,3 +30,13 @@ def seeds_reference(sd: float, delta: float, power: float, alpha: float) -> tupl
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
     exact = next(n for n in range(2, 10_000) if power_reference(n, delta / sd, alpha) >= power)
     return max(2, math.ceil((z * sd / delta) ** 2)), exact
+
+
+def detectable_reference(n: int, sd: float, power: float, alpha: float) -> float:
+    """The smallest mean difference n pairs detect with ``power``: bisection on power_reference, which rises with
+    the effect (from alpha at 0), to 1e-10 paired SDs."""
+    lo, hi = 0.0, 64.0
+    while hi - lo > 1e-10:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if power_reference(n, mid, alpha) < power else (lo, mid)
+    return sd * hi

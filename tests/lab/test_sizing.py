@@ -16,12 +16,12 @@ from vespo.lab.runs import ARCHIVE, read_lab, read_sweep
 from vespo.sweep import cli as sweep_cli
 
 from markdown_table import cells
-from power_reference import seeds_reference
+from power_reference import detectable_reference, seeds_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZING = {"delta": 0.05, "power": 0.8, "alpha": 0.05}
 HEAD = ["shared seeds", "mean Δ held-out sampled", "paired SD", "seeds needed (normal approximation)",
-        "seeds needed (exact, noncentral t)"]
+        "seeds needed (exact, noncentral t)", "resolves on these seeds"]
 FEW = "needs >= 2 shared seeds"
 
 
@@ -42,8 +42,9 @@ def test_the_table_by_hand(synthetic, tmp_path):
     out = tmp_path / "report"
     assert report_cli.main([str(sw.dir), "--out", str(out)]) == 0
     text = (out / "report.md").read_text()
-    assert _table(text) == [["loss", *HEAD], ["grpo", "3", "-0.050", "0.040", "6", "8"],
-                            ["dppo_tv", "1", "-0.100", "–", FEW, FEW]]
+    # 3 seeds at SD 0.04 resolve detectable_reference(3, 0.04, 0.8, 0.05) = 0.131: above the 0.05 asked for
+    assert _table(text) == [["loss", *HEAD], ["grpo", "3", "-0.050", "0.040", "6", "8", "0.131"],
+                            ["dppo_tv", "1", "-0.100", "–", FEW, FEW, FEW]]
     assert "Delta = 0.05 is the smallest |difference| in held-out sampled accuracy" in text
     assert "with power 0.8" in text and "at alpha = 0.05" in text
     assert "one final evaluation on" not in text  # the hand-made runs name no task.eval_size
@@ -72,7 +73,8 @@ def test_the_real_model_sweeps_archive_against_its_raw_json(tmp_path):
              and (n, "vespo", s) in final]
         sd = statistics.stdev(d)
         expected.append([n, loss, str(len(d)), f"{statistics.fmean(d):+.3f}", f"{sd:.3f}",
-                         *map(str, seeds_reference(sd, 0.05, 0.8, 0.05))])
+                         *map(str, seeds_reference(sd, 0.05, 0.8, 0.05)),
+                         f"{detectable_reference(len(d), sd, 0.8, 0.05):.3f}"])
     assert rows == expected and len(rows) == 2 and all(r[2] == "5" for r in rows)
     p = statistics.fmean(final.values())
     assert (f"one final evaluation on 256 problems at this sweep's mean accuracy {p:.2f} has a standard error of "
@@ -90,8 +92,8 @@ def test_the_real_stability_pilot_from_its_archive_and_shipped_sweep_file(tmp_pa
     sweeps, runs = read_lab([out])
     report.write_sweep(sweeps["real_stability"], runs, first, draw=False)
     text = (first / "report.md").read_text()
-    assert _table(text) == [["N", "loss", *HEAD], ["16", "grpo", "1", "+0.062", "–", FEW, FEW],
-                            ["16", "dppo_tv", "1", "+0.062", "–", FEW, FEW]]
+    assert _table(text) == [["N", "loss", *HEAD], ["16", "grpo", "1", "+0.062", "–", FEW, FEW, FEW],
+                            ["16", "dppo_tv", "1", "+0.062", "–", FEW, FEW, FEW]]
     assert "one final evaluation on 256 problems" in text
     assert read_sweep(first / ARCHIVE)[0].sizing.delta == 0.05
     sweeps, runs = read_lab([first / ARCHIVE])

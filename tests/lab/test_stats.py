@@ -12,7 +12,7 @@ from scipy import stats as sps
 from vespo.lab import stats
 from vespo.lab.stats import ci_text, exact_paired_p, holm, mean_ci, p_value, paired, rate_ci
 
-from power_reference import power_reference, seeds_reference
+from power_reference import detectable_reference, power_reference, seeds_reference
 
 
 def test_three_values_by_hand():
@@ -154,6 +154,30 @@ def test_seeds_for_power_08_to_detect_005_by_hand_and_against_a_float64_referenc
                                                       (0.3, 0.1, 0.5, 0.1), (1.0, 0.05, 0.8, 0.05)])
 def test_seeds_at_other_settings_match_the_reference(sd, delta, power, alpha):
     assert tuple(stats.seeds_needed(sd, delta, power, alpha)) == seeds_reference(sd, delta, power, alpha)
+
+
+@pytest.mark.parametrize("n, sd, power, alpha", [(4, 0.14, 0.8, 0.05), (8, 0.065, 0.8, 0.05), (3, 0.04, 0.8, 0.05),
+                                                  (2, 0.1, 0.8, 0.05), (20, 0.3, 0.9, 0.01), (64, 0.14, 0.8, 0.05)])
+def test_detectable_difference_against_the_reference(n, sd, power, alpha):
+    """What n seeds resolve is seeds_needed read the other way: at that difference the power is ``power``."""
+    d = stats.detectable(n, sd, power, alpha)
+    assert d == pytest.approx(detectable_reference(n, sd, power, alpha), rel=1e-6)
+    assert stats.t_power(n, d / sd, alpha) == pytest.approx(power, abs=1e-9)
+    # and seeds_needed at that difference asks for n seeds (a hair above it, since the exact count rounds up)
+    assert stats.seeds_needed(sd, d * (1 + 1e-9), power, alpha).exact == n
+
+
+def test_detectable_by_hand():
+    # many seeds: the normal approximation's (z_0.975 + z_0.8) x SD / sqrt(n) = 2.801585 x 0.1 / 20 = 0.014008
+    assert stats.detectable(400, 0.1) == pytest.approx(0.014008, rel=0.005)
+    assert stats.detectable(400, 0.1) > 2.801585 * 0.1 / 20  # the t-test needs a little more than the normal
+    # 2 seeds: one degree of freedom (critical value 12.706 against the normal's 1.960): the t-test needs over
+    # five times the normal approximation's 2.801585 / sqrt(2) SDs
+    assert stats.detectable(2, 1.0) > 5 * 2.801585 / math.sqrt(2)
+    assert stats.detectable(5, 0.0) == 0.0
+    for bad in [(1, 0.1), (4, math.nan), (4, -0.1), (4, 0.1, 1.0), (4, 0.1, 0.8, 0.0)]:
+        with pytest.raises(ValueError, match="detectable"):
+            stats.detectable(*bad)
 
 
 def test_seeds_needed_at_the_edges():

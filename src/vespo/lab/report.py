@@ -181,7 +181,9 @@ def sizing_table(sweep: Sweep, runs: pd.DataFrame) -> str:
         rows.append({**{a: v for a, v in labels.items() if a != axis}, axis: labels[axis], "shared seeds": str(len(d)),
                      f"mean Δ {name}": f"{d.mean():+.3f}" if len(d) else "–",
                      "paired SD": num(sd), "seeds needed (normal approximation)": str(need.normal) if need else few,
-                     "seeds needed (exact, noncentral t)": str(need.exact) if need else few})
+                     "seeds needed (exact, noncentral t)": str(need.exact) if need else few,
+                     "resolves on these seeds": (f"{stats.detectable(len(d), sd, z.power, z.alpha):.3f}"
+                                                 if need else few)})
     problems, p = evaluation(runs)
     se = math.sqrt(p * (1 - p) / problems) if problems and 0 < p < 1 else math.nan
     noise = TEMPLATE["sizing_noise"].format(problems=problems, p=p, se=se, ratio=z.delta / se, floor=math.sqrt(2) * se)

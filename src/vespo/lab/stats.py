@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+from scipy.optimize import brentq
 from statsmodels.stats.multitest import multipletests
 
 CONFIDENCE = 0.9  # the intervals shown
@@ -129,6 +130,19 @@ def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.0
     while not (reached := np.flatnonzero(t_power(np.arange(MIN_SEEDS, hi + 1), delta / sd, alpha) >= power)).size:
         hi *= 2
     return SeedsNeeded(normal, MIN_SEEDS + int(reached[0]))
+
+
+def detectable(n: int, sd: float, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest mean difference a two-sided paired t-test at ``alpha`` on n pairs (n >= 2) whose differences
+    have SD ``sd`` detects with ``power``: what n seeds can resolve (seeds_needed read the other way)."""
+    if not (n >= MIN_SEEDS and math.isfinite(sd) and sd >= 0 and 0 < power < 1 and 0 < alpha < 1):
+        raise ValueError(f"detectable: n {n}, sd {sd}, power {power}, alpha {alpha}")
+    if sd == 0:
+        return 0.0
+    hi = 1.0  # in paired SDs; t_power rises with the effect, from alpha at 0
+    while t_power(n, hi, alpha) < power:
+        hi *= 2
+    return sd * float(brentq(lambda e: t_power(n, e, alpha) - power, 0.0, hi, xtol=1e-12))
 
 
 # ---------------------------------------------------------------- measured coverage
