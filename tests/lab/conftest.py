@@ -31,11 +31,12 @@ class SyntheticSweep:
             eval_greedy: float | None = None, status: str = "done", lr: float = 1e-4, returncode: int = 0,
             stopped_nonfinite: bool = False, seconds: float = 10.0, steps: int | None = None,
             grad_norm: float = 2.0, kl: float = 0.01, evals: list[float] | None = None,
-            before: float | None = None, step_s: float = 1.0) -> Path:
+            before: float | None = None, step_s: float = 1.0, start: tuple[int, float] | None = None) -> Path:
         """One run directory: row k (1-based) has reward rewards[k-1] and was trained after (k-1) x n updates.
         Each row also holds a held-out evaluation after its updates (eval/reward_sampled, as with
         run.eval_every_updates = n): evals[k-1], by default the row's reward; evals=[] writes none.
-        ``before`` is the held-out accuracy before training (summary eval_before)."""
+        ``before`` is the held-out accuracy before training (summary eval_before); ``start`` (updates, sampled
+        accuracy) the shared on-policy start's record (summary warmstart)."""
         name = ",".join(f"{k}={v}" for k, v in labels.items())
         d = self.dir / name
         d.mkdir()
@@ -56,7 +57,11 @@ class SyntheticSweep:
                                                      else eval_sampled}
             (d / "summary.json").write_text(json.dumps({"status": status, "eval_after": after, "seconds": seconds,
                                                         "staleness_n": n, "eval_before": {} if before is None else
-                                                        {"reward_sampled": before}}))
+                                                        {"reward_sampled": before},
+                                                        **({"warmstart": {"warmstart/updates": float(start[0]),
+                                                                          "warmstart/sampled_accuracy": start[1],
+                                                                          "warmstart/target_reached": 1.0}}
+                                                           if start else {})}))
         return d
 
     def session(self, command: str, seconds: float, commit: str = "abc1234def", dirty: bool = False,

@@ -24,8 +24,8 @@ from vespo.lab.claims import SETTLED_BAND, settling
 from vespo.lab.figures import write_figures
 from vespo.lab.grid import Sweep
 from vespo.lab.recommend import recommend, recommendation_markdown
-from vespo.lab.runs import (ARCHIVE, EVAL, LR_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions, lr_points,
-                            lr_text, read_lab, write_archive)
+from vespo.lab.runs import (ARCHIVE, EVAL, LR_AXIS, SEED_AXIS, TARGET_REWARD, TARGET_WINDOW, by_seed, conditions,
+                            lr_points, lr_text, read_lab, write_archive)
 from vespo.lab.stats import LEVEL, ci_text, mean_ci, paired, rate_ci
 
 FINALS = {"eval_sampled": "held-out sampled", "eval_greedy": "held-out greedy", "train_last": "train (last quarter)"}
@@ -144,14 +144,38 @@ def reached_text(runs: pd.DataFrame, metric: str) -> str:
 
 
 def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
-    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition."""
+    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition; a
+    seed whose two runs record different shared starts (runs.start_of) is left out of both: not a pair."""
     cells = dict(conditions(sweep, runs))
     for axis, ref in sweep.reference.items():  # one axis, or none
         for key, cell in cells.items():
             labels = dict(zip(sweep.conditions, key))
             if labels[axis] != ref:
                 partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
-                yield labels, cell, cells.get(partner, runs.iloc[:0])
+                partner = cells.get(partner, runs.iloc[:0])
+                split = set(unpaired_starts(cell, partner))
+                yield labels, cell[~cell[SEED_AXIS].isin(split)], partner[~partner[SEED_AXIS].isin(split)]
+
+
+def unpaired_starts(cell: pd.DataFrame, partner: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """{seed: (its start in cell, in partner)} where both runs record a shared start and the two differ."""
+    a, b = (dict(zip(c[SEED_AXIS], c.start)) if "start" in c else {} for c in (cell, partner))
+    return {seed: (a[seed], b[seed]) for seed in a.keys() & b.keys() if a[seed] and b[seed] and a[seed] != b[seed]}
+
+
+def start_note(sweep: Sweep, runs: pd.DataFrame) -> str:
+    """A line per comparison that left seeds out because their runs trained from different starts."""
+    cells, notes = dict(conditions(sweep, runs)), []
+    for axis, ref in sweep.reference.items():
+        for key, cell in cells.items():
+            labels = dict(zip(sweep.conditions, key))
+            partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
+            if labels[axis] != ref and partner in cells:
+                for seed, (mine, theirs) in sorted(unpaired_starts(cell, cells[partner]).items()):
+                    notes.append(TEMPLATE["unpaired_start"].format(
+                        condition=", ".join(f"{a} = {v}" for a, v in labels.items()), reference=f"{axis} = {ref}",
+                        seed=seed, mine=mine, theirs=theirs))
+    return "\n".join(notes)
 
 
 def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
@@ -232,6 +256,7 @@ def sweep_tables(sweep: Sweep, runs: pd.DataFrame) -> str:
     reference = " = ".join(next(iter(sweep.reference.items()), ""))
     heads = TEMPLATE["tables"].format(reference=reference, metric=FINALS[HEADLINE], **WORDS).splitlines()
     tables = [paired_table(sweep, runs), sizing_table(sweep, runs), settle_table(sweep, runs), lr_table(sweep, runs)]
+    tables[0] = "\n\n".join(filter(None, [tables[0], start_note(sweep, runs)])) if tables[0] else ""
     return "\n\n".join([*filter(None, [sweep.description, condition_table(sweep, runs)]),
                         *(f"{head}\n\n{table}" for head, table in zip(heads, tables) if table)])
 

@@ -128,7 +128,17 @@ def result(run: Run) -> dict:
     usable = run.status == "done" or (c.reason == "nonfinite" and stopped)
     return {"run": run.name, "status": run.status, "usable": usable,
             **run.lab["labels"], "n": run.n, "updates": run.updates, "collapsed": c.collapsed, "reason": c.reason,
-            "collapse_update": c.update, "evidence": c.evidence, **stats, "record": run}
+            "collapse_update": c.update, "evidence": c.evidence, **stats, "start": start_of(run), "record": run}
+
+
+def start_of(run: Run) -> str:
+    """The shared on-policy start a run trained from, as its summary records it (the start's updates and its
+    held-out sampled accuracy: every run of a seed that read the same cached start records the same two); "" for a
+    run with no such start. Two runs of one seed with different starts did not start from the same weights."""
+    ws = run.summary.get("warmstart") or {}
+    if "warmstart/updates" not in ws:
+        return ""
+    return f"{ws['warmstart/updates']:.0f} updates, {ws.get('warmstart/sampled_accuracy', math.nan):.3f}"
 
 
 def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:
