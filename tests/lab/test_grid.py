@@ -78,7 +78,7 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
                                                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness",
-                                               "real_stability", "real_mismatch"}
+                                               "real_stability", "real_mismatch", "real_mismatch_bf16"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -91,14 +91,15 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
         # the paper's GRPO baseline: clip-higher
         if cfg.loss.name == "grpo":
             assert (cfg.loss.options.eps_low, cfg.loss.options.eps_high) == (0.2, 0.28), (stem, name)
-        if stem in ("real_staleness", "real_stability", "real_mismatch"):  # the real-model recipe: its own task,
+        if stem.startswith("real_"):  # the real-model recipe: its own task,
             assert cfg.task.name == "rg:chain_sum" and cfg.task.eval_size >= 256, name  # a smaller held-out set
             if stem == "real_stability":  # a stability test: a shared on-policy start, >= 8 rollout batches at N = 16
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 assert cfg.steps >= 8 or cfg.staleness.n == 1, name
-            if stem == "real_mismatch":  # the engine's bf16 against a float32 learner is the only gap: N = 1
+            if stem.startswith("real_mismatch"):  # the engine's bf16 against the learner is the only gap: N = 1
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
-                assert (cfg.rollout.engine, cfg.rollout.engine_dtype, cfg.model.autocast) == ("vllm", "bfloat16", False)
+                autocast = stem == "real_mismatch_bf16"  # a float32 learner, or bf16-mixed in the second arm
+                assert (cfg.rollout.engine, cfg.rollout.engine_dtype, cfg.model.autocast) == ("vllm", "bfloat16", autocast)
                 assert cfg.staleness.n == 1, name
             continue
         if stem != "quick":  # held-out sampling error <= sqrt(0.25 / 1024) = 0.016; every 64 updates on 256
@@ -216,7 +217,8 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
-                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness", "real_stability", "real_mismatch"]
+                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness", "real_stability", "real_mismatch",
+                "real_mismatch_bf16"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
@@ -237,7 +239,7 @@ def test_sizing_reaches_the_record_with_its_defaults(tmp_path):
     assert Sweep.from_record(sweep.record()).sizing == sweep.sizing
     plain = load_sweep(_write(tmp_path, {"grid": grid}))
     assert plain.sizing is None and "sizing" not in plain.record()  # a record without it reads as before
-    for stem in ("real_stability", "real_mismatch"):
+    for stem in ("real_stability", "real_mismatch", "real_mismatch_bf16"):
         assert load_sweep(LAB / f"{stem}.yaml").sizing.delta == 0.05
 
 
