@@ -143,18 +143,23 @@ def reached_text(runs: pd.DataFrame, metric: str) -> str:
     return ci_text(mean_ci(reached), digits=0) + some
 
 
-def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
-    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition; a
-    seed whose two runs record different shared starts (runs.start_of) is left out of both: not a pair."""
+def _reference_cells(sweep: Sweep, runs: pd.DataFrame):
+    """(labels, runs, the reference condition's runs with the same other labels) per non-reference condition."""
     cells = dict(conditions(sweep, runs))
     for axis, ref in sweep.reference.items():  # one axis, or none
         for key, cell in cells.items():
             labels = dict(zip(sweep.conditions, key))
             if labels[axis] != ref:
                 partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
-                partner = cells.get(partner, runs.iloc[:0])
-                split = set(unpaired_starts(cell, partner))
-                yield labels, cell[~cell[SEED_AXIS].isin(split)], partner[~partner[SEED_AXIS].isin(split)]
+                yield labels, cell, cells.get(partner, runs.iloc[:0])
+
+
+def reference_pairs(sweep: Sweep, runs: pd.DataFrame):
+    """_reference_cells, where a seed whose two runs record different shared starts (runs.start_of) is left out of
+    both: not a pair."""
+    for labels, cell, partner in _reference_cells(sweep, runs):
+        split = set(unpaired_starts(cell, partner))
+        yield labels, cell[~cell[SEED_AXIS].isin(split)], partner[~partner[SEED_AXIS].isin(split)]
 
 
 def unpaired_starts(cell: pd.DataFrame, partner: pd.DataFrame) -> dict[str, tuple[str, str]]:
@@ -165,17 +170,12 @@ def unpaired_starts(cell: pd.DataFrame, partner: pd.DataFrame) -> dict[str, tupl
 
 def start_note(sweep: Sweep, runs: pd.DataFrame) -> str:
     """A line per comparison that left seeds out because their runs trained from different starts."""
-    cells, notes = dict(conditions(sweep, runs)), []
-    for axis, ref in sweep.reference.items():
-        for key, cell in cells.items():
-            labels = dict(zip(sweep.conditions, key))
-            partner = tuple(ref if a == axis else labels[a] for a in sweep.conditions)
-            if labels[axis] != ref and partner in cells:
-                for seed, (mine, theirs) in sorted(unpaired_starts(cell, cells[partner]).items()):
-                    notes.append(TEMPLATE["unpaired_start"].format(
-                        condition=", ".join(f"{a} = {v}" for a, v in labels.items()), reference=f"{axis} = {ref}",
-                        seed=seed, mine=mine, theirs=theirs))
-    return "\n".join(notes)
+    axis, ref = next(iter(sweep.reference.items()), ("", ""))
+    return "\n".join(TEMPLATE["unpaired_start"].format(
+        condition=", ".join(f"{a} = {v}" for a, v in labels.items()), reference=f"{axis} = {ref}", seed=seed,
+        mine=mine, theirs=theirs)
+        for labels, cell, partner in _reference_cells(sweep, runs)
+        for seed, (mine, theirs) in sorted(unpaired_starts(cell, partner).items()))
 
 
 def paired_table(sweep: Sweep, runs: pd.DataFrame) -> str:
