@@ -317,7 +317,7 @@ def vespo_run(steps: int, extra: list[str], bf16: bool = False, own_engine: bool
             "rollout_s": phases.seconds["generate"] / steps, "update_s": update_s / steps,
             "update_flops": update_flops / steps, "rollouts": phases.args["generate"], "arch": arch,
             "weight_bytes": engine_weight_bytes(s.engine, s.learner, cfg.rollout.engine_dtype),
-            "push_s": phases.seconds.get("load_weights", 0.0) / steps, "engine": cfg.rollout.engine,
+            "push_s": phases.seconds.get("load_weights", 0.0) / steps,
             "floor_bytes": 4.0 * n_params * 4, "base_rss": base_rss, "built_rss": built_rss, "peak_rss": peak,
             "rollout_peak_rss": phases.peak.get("rollout", 0.0), "update_peak_rss": phases.peak.get("update", 0.0),
             "shared_engine": bool(getattr(s.engine, "shares_weights", False)), "threads": torch.get_num_threads(),
