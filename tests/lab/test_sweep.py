@@ -307,3 +307,50 @@ def test_a_run_the_nonfinite_guard_stopped_is_told_by_its_summary_not_its_log(tm
     assert stopped_nonfinite() is True
     assert run_all([job], tmp_path / "one", 1, failing(None)) == 1  # the old summary stays, not written by this start
     assert stopped_nonfinite() is False
+
+
+def test_a_seed_whose_start_would_differ_from_its_finished_runs_is_warned(tmp_path, capsys):
+    """A shared on-policy start is cached per machine: a seed's pending runs that would train from another start
+    than the one its finished runs recorded (the cache's differs, or it is gone and is made again) are told at
+    planning, and again once a remade start is there, since `vespo report` will not pair them."""
+    spec = yaml.safe_load(QUICK.read_text())
+    spec["grid"] = {"loss": spec["grid"]["loss"], "run.seed": [0]}
+    spec["base"]["warmstart"] = {"kind": "on_policy", "steps": 2}
+    spec["overrides"] = ["staleness.n=1"]
+    path = tmp_path / "starts.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "starts"
+    argv = [str(path), "--out", str(out), "--jobs", "1", f"warmstart.cache_dir={tmp_path / 'ws'}", *SMALL[:1]]
+
+    def planned():
+        loaded = load_sweep(path)
+        loaded.overrides += argv[5:]
+        return plan.plan(loaded, out)
+
+    grpo, vespo = planned()
+    assert grpo.warm_key == vespo.warm_key and grpo.warm_key.endswith("start.json")
+    assert plan.start_warnings([grpo, vespo]) == []  # nothing finished: nothing to agree with
+    vespo.run_dir.mkdir(parents=True)  # vespo finished on a start made elsewhere: 24 updates to 0.207
+    (vespo.run_dir / "summary.json").write_text(json.dumps({"status": "done", "warmstart": {
+        "warmstart/updates": 24.0, "warmstart/sampled_accuracy": 0.207, "warmstart/target_reached": 1.0}}))
+    (vespo.run_dir / "lab.json").write_text(json.dumps({"overrides": vespo.point.overrides, "returncode": 0}))
+    jobs = planned()
+    assert [j.action for j in jobs] == ["start", "skip"]
+    (line,) = plan.start_warnings(jobs)
+    assert line.startswith("the shared start of loss=grpo,seed=0 is not in the cache") and \
+        "finished runs of it (loss=vespo,seed=0) trained from 24 updates, 0.207" in line
+    key = Path(grpo.warm_key)
+    key.parent.mkdir(parents=True)
+    for updates, accuracy, warned in ((24, 0.207, False), (48, 0.137, True)):
+        key.write_text(json.dumps({"updates": updates, "eval": {"reward_sampled": accuracy}, "target_reached": True}))
+        lines = plan.start_warnings(jobs)
+        assert bool(lines) == warned
+    assert lines[0].startswith("loss=grpo,seed=0 would train from the cached shared start (48 updates, 0.137), but")
+    key.unlink()
+    # a real call: warned at planning, then the remade start (2 updates of the nano model, not 24) told apart
+    assert sweep_cli.main(argv) == 0
+    said = capsys.readouterr().out
+    assert "warning: the shared start of loss=grpo,seed=0 is not in the cache" in said
+    made = json.loads(key.read_text())
+    assert made["updates"] == 2 and "  warning: loss=grpo,seed=0 would train from the cached shared start (2 updates" \
+        in said

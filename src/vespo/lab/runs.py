@@ -135,10 +135,15 @@ def start_of(run: Run) -> str:
     """The shared on-policy start a run trained from, as its summary records it (the start's updates and its
     held-out sampled accuracy: every run of a seed that read the same cached start records the same two); "" for a
     run with no such start. Two runs of one seed with different starts did not start from the same weights."""
-    ws = run.summary.get("warmstart") or {}
-    if "warmstart/updates" not in ws:
+    return start_text(run.summary.get("warmstart") or {})
+
+
+def start_text(stats: dict) -> str:
+    """An on-policy start as a run's summary records it (its ``warmstart`` figures): "24 updates, 0.207"; "" where
+    they hold none."""
+    if "warmstart/updates" not in stats:
         return ""
-    return f"{ws['warmstart/updates']:.0f} updates, {ws.get('warmstart/sampled_accuracy', math.nan):.3f}"
+    return f"{stats['warmstart/updates']:.0f} updates, {stats.get('warmstart/sampled_accuracy', math.nan):.3f}"
 
 
 def read_lab(paths: list[str | Path]) -> tuple[dict[str, Sweep], pd.DataFrame]:

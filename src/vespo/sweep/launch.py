@@ -19,7 +19,7 @@ from typing import NamedTuple
 from vespo.errors import INTERRUPTED
 from vespo.rundir import (CHECKPOINTS, EVAL_BEFORE, LAB, METRICS, RESTARTED, SAMPLES, SUMMARY, TRAIN_LOG, read_summary,
                           stopped_nonfinite)
-from vespo.sweep.plan import Job, run_overrides
+from vespo.sweep.plan import Job, run_overrides, start_warnings
 
 RUN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -87,8 +87,12 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
             started, earlier = time.time(), _summary_written(job.run_dir)
             _write_lab(job, {"status": "running", "started": started})
             run = start(command(job, out)[1:], log)  # the node's own Python runs it
+            made = bool(job.warm_key) and not Path(job.warm_key).is_file()
             while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
+            if made and Path(job.warm_key).is_file():  # made now: is it the start the finished runs recorded?
+                for line in start_warnings(jobs, {job.warm_key}):
+                    print(f"  warning: {line}", flush=True)
         returncode = run.wait()
         ok = returncode in (0, INTERRUPTED)
         status = "finished" if returncode == 0 else "interrupted" if returncode == INTERRUPTED else "failed"

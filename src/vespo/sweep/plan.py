@@ -13,7 +13,7 @@ from vespo.config import ConfigError, added_at_default, load_config, to_dict
 from vespo.errors import INTERRUPTED
 from vespo.lab.grid import GridPoint, Sweep, SweepError, off_grid
 from vespo.sweep.provenance import write_sessions
-from vespo.lab.runs import read_archive_body, write_run
+from vespo.lab.runs import read_archive_body, start_text, write_run
 from vespo.rundir import LAB, Stop, read_json, read_summary, started, stopped_nonfinite
 
 
@@ -61,6 +61,46 @@ def plan(sweep: Sweep, out: Path, retry_failed: bool = False, only: dict[str, se
     return jobs
 
 
+def start_warnings(jobs: list[Job], keys: set[str] | None = None) -> list[str]:
+    """Where the pending runs of a shared on-policy start (of ``keys``, default all) would train from another start
+    than the one this directory's finished runs of it recorded: a start's cache is per machine, and one remade on
+    another machine can differ (docs/lab.md, "Shared starts"), and `vespo report` pairs two runs of a seed only where
+    their recorded starts agree. One line per start: the cache's start differs from the recorded one, or it is not
+    in the cache and the first pending run makes it again."""
+    from vespo.trainer.warmstart import START_RECORD, start_stats
+
+    lines = []
+    for key in dict.fromkeys(j.warm_key for j in jobs if j.warm_key.endswith(START_RECORD)):
+        if keys is not None and key not in keys:
+            continue
+        pending = [j.point.name for j in jobs if j.warm_key == key and j.action == "start"]
+        done = {j.point.name: start_text(read_summary(j.run_dir).get("warmstart") or {})
+                for j in jobs if j.warm_key == key and j.action == "skip"}
+        recorded = sorted({text for text in done.values() if text})
+        if not pending or not recorded:
+            continue
+        finished = f"this directory's finished runs of it ({', '.join(n for n, t in done.items() if t)}) trained " \
+                   f"from {' and from '.join(recorded)}"
+        if not Path(key).is_file():
+            lines.append(f"the shared start of {', '.join(pending)} is not in the cache ({key}): the first of them "
+                         f"makes it again; {finished}. A start remade on another machine can differ, and `vespo "
+                         "report` pairs two runs of a seed only where their starts agree")
+            continue
+        cached = start_text(start_stats(_read_start(key)))
+        if len(recorded) > 1 or cached != recorded[0]:
+            lines.append(f"{', '.join(pending)} would train from the cached shared start ({cached}), but {finished}: "
+                         "`vespo report` will not pair them; finish a seed's runs on one start (docs/lab.md, "
+                         "\"Shared starts\")")
+    return lines
+
+
+def _read_start(key: str) -> dict:
+    try:
+        return json.loads(Path(key).read_text())
+    except (OSError, ValueError) as e:
+        raise SweepError(f"{key}: the shared start's record cannot be read ({e})") from None
+
+
 def _warm_key(cfg) -> str:
     """The file whose presence says the run's warm start is ready ("" where it has none): the runs that share it
     start one at a time until it is there, so it is made once."""
@@ -103,6 +143,8 @@ def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
               f"assumes {c.run_s:g} s per run with {c.jobs} at a time{asked}" + (f"; {c.note}" if c.note else "") + ")")
     table = pd.DataFrame([{"action": j.action, "run": j.point.name, **(j.protocol or {})} for j in jobs])
     print("\n".join("  " + line.rstrip() for line in table.to_string(index=False, justify="left").splitlines()))
+    for line in start_warnings(jobs):
+        print(f"warning: {line}")
 
 
 def restore(archive: Path, sweep: Sweep, out: Path) -> int:
