@@ -31,19 +31,21 @@ class SyntheticSweep:
             eval_greedy: float | None = None, status: str = "done", lr: float = 1e-4, returncode: int = 0,
             stopped_nonfinite: bool = False, seconds: float = 10.0, steps: int | None = None,
             grad_norm: float = 2.0, kl: float = 0.01, evals: list[float] | None = None,
-            before: float | None = None, step_s: float = 1.0, start: tuple[int, float] | None = None) -> Path:
+            before: float | None = None, step_s: float = 1.0, start: tuple[int, float] | None = None,
+            eval_size: int | None = None) -> Path:
         """One run directory: row k (1-based) has reward rewards[k-1] and was trained after (k-1) x n updates.
         Each row also holds a held-out evaluation after its updates (eval/reward_sampled, as with
         run.eval_every_updates = n): evals[k-1], by default the row's reward; evals=[] writes none.
         ``before`` is the held-out accuracy before training (summary eval_before); ``start`` (updates, sampled
-        accuracy) the shared on-policy start's record (summary warmstart)."""
+        accuracy) the shared on-policy start's record (summary warmstart); ``eval_size`` the held-out problems (task)."""
         name = ",".join(f"{k}={v}" for k, v in labels.items())
         d = self.dir / name
         d.mkdir()
         (d / "lab.json").write_text(json.dumps({"labels": {k: str(v) for k, v in labels.items()},
                                                 "returncode": returncode, "stopped_nonfinite": stopped_nonfinite}))
         (d / "config.yaml").write_text(yaml.safe_dump({"staleness": {"n": n}, "optim": {"lr": lr},
-                                                       "run": {"steps": steps or len(rewards)}}))
+                                                       "run": {"steps": steps or len(rewards)},
+                                                       **({"task": {"eval_size": eval_size}} if eval_size else {})}))
         evals = rewards if evals is None else evals
         rows = [{"step": i + 1, "reward/mean": r, "kl/k3": kl * (i + 1), "mismatch/k3": 1e-12,
                  "optim/grad_norm_max": grad_norm * (i + 1), "is/ess": 0.5, "is/log_w_min": -1.0 - i,

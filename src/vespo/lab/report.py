@@ -282,20 +282,31 @@ def judged(verdicts: list[cl.Verdict]) -> dict:
 
 
 def noise(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
-    """The binomial noise of one final evaluation, beside the paired differences the sweeps report."""
+    """The binomial noise of one final evaluation, beside the paired differences the sweeps report: on the sweeps
+    whose runs evaluate on the problem count most runs have (the others, fewer problems, named with theirs)."""
     usable = runs[runs.usable & np.isfinite(runs.eval_sampled)]
-    problems = int(pd.Series([(r.config.get("task") or {}).get("eval_size", 0) for r in usable.record]).mode()[0])
-    if not problems:
-        return {"noise": "", "problems": "the"}
+    size = pd.Series([int((r.config.get("task") or {}).get("eval_size") or 0) for r in usable.record],
+                     index=usable.index)
+    if usable.empty or not size.mode()[0]:
+        return {"noise": "", "problems": "its held-out problems"}
+    problems = int(size.mode()[0])
+    of_sweep = size.groupby(usable.sweep).agg(lambda s: int(s.mode()[0]))
+    others = of_sweep[of_sweep != problems]
+    apart = "; ".join(f"{n} in {', '.join(f'`{w}`' for w in ws)}" for n, ws in
+                      others.groupby(others).groups.items())
+    usable = usable[usable.sweep.map(of_sweep) == problems]
     p = float(usable.eval_sampled.mean())
     sd = math.sqrt(2 * p * (1 - p) / problems)  # of a difference of two evaluations
     diffs = np.array([abs(paired(by_seed(a, "eval_sampled"), by_seed(b, "eval_sampled")).diff.mean)
-                      for name, s in sweeps.items()
+                      for name, s in sweeps.items() if of_sweep.get(name) == problems
                       for _, a, b in reference_pairs(s, runs[runs.sweep == name])])
     diffs = diffs[np.isfinite(diffs)]
-    return {"problems": problems, "noise": TEMPLATE["noise"].format(
-        problems=problems, sd=sd / math.sqrt(2), p=p, most=0.5 / math.sqrt(problems), sd2=sd,
-        small=int((diffs < 2 * sd).sum()), diffs=len(diffs), two=2 * sd, median=np.median(diffs))}
+    fewer = TEMPLATE["noise_fewer"].format(apart=apart) if apart else ""
+    return {"problems": f"its sweep's held-out problems ({problems}" + (f"; {apart}" if apart else "") + ")",
+            "noise": TEMPLATE["noise"].format(
+                problems=problems, sd=sd / math.sqrt(2), p=p, most=0.5 / math.sqrt(problems), sd2=sd,
+                small=int((diffs < 2 * sd).sum()), diffs=len(diffs), two=2 * sd, median=np.median(diffs),
+                fewer=fewer)}
 
 
 def collapse_check(sweeps: dict[str, Sweep], runs: pd.DataFrame) -> dict:
