@@ -92,8 +92,22 @@ def test_the_real_stability_pilot_from_its_archive_and_shipped_sweep_file(tmp_pa
     sweeps, runs = read_lab([out])
     report.write_sweep(sweeps["real_stability"], runs, first, draw=False)
     text = (first / "report.md").read_text()
-    assert _table(text) == [["N", "loss", *HEAD], ["16", "grpo", "1", "+0.062", "–", FEW, FEW, FEW],
-                            ["16", "dppo_tv", "1", "+0.062", "–", FEW, FEW, FEW]]
+    # the pilot's figures, from the restored runs' own summaries: per loss at N = 16, its held-out sampled minus
+    # VESPO's on each seed both ran, their mean and SD
+    final = {tuple(d.name.split(",")): json.loads((d / "summary.json").read_text())["eval_after"]["reward_sampled"]
+             for d in out.iterdir() if (d / "summary.json").is_file()}
+    seeds = sorted({k[0] for k in final})
+    table = _table(text)
+    assert table[0] == ["N", "loss", *HEAD] and [r[:2] for r in table[1:]] == [["16", "grpo"], ["16", "dppo_tv"]]
+    for row in table[1:]:
+        diffs = [final[(s, "N=16", f"loss={row[1]}")] - final[(s, "N=16", "loss=vespo")] for s in seeds
+                 if (s, "N=16", f"loss={row[1]}") in final and (s, "N=16", "loss=vespo") in final]
+        assert row[2:4] == [str(len(diffs)), f"{statistics.mean(diffs):+.3f}"]
+        if len(diffs) < 2:
+            assert row[4:] == ["–", FEW, FEW, FEW]
+        else:
+            normal, exact = seeds_reference(statistics.stdev(diffs), SIZING["delta"], SIZING["power"], SIZING["alpha"])
+            assert row[4:7] == [f"{statistics.stdev(diffs):.3f}", str(normal), str(exact)]
     assert "one final evaluation on 256 problems" in text
     assert read_sweep(first / ARCHIVE)[0].sizing.delta == 0.05
     sweeps, runs = read_lab([first / ARCHIVE])
