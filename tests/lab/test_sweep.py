@@ -116,6 +116,7 @@ def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path,
     printed = capsys.readouterr().out
     assert "2 runs (2 start)" in printed
     assert "expected wall time for the 2 pending runs: 0 min (the sweep file assumes 8 s per run with 2" in printed
+    assert "at your --jobs" not in printed  # the file's own count
     header = next(line for line in printed.splitlines() if line.strip().startswith("action"))
     assert header.split() == ["action", "run", "N", "mini-batch", "rollout", "batch", "rollout", "steps", "optimizer",
                               "steps", "samples"]
@@ -124,6 +125,18 @@ def test_dry_run_prints_the_protocol_and_the_commands_and_runs_nothing(tmp_path,
     assert row.split()[2:] == ["4", "2", "prompts", "x", "4", "=", "8", "8", "prompts", "=", "32", "1", "4", "32"]
     assert printed.count("-m vespo.cli train") == 2 and "run.threads=1" in printed
     assert not [p for p in out.iterdir() if p.is_dir()] and not (out / "sessions.jsonl").exists()
+
+
+def test_the_expected_wall_time_at_another_jobs_count(tmp_path, capsys):
+    """The file's estimate is at its own count side by side; --jobs 1 is said with its own figure (runs one after
+    another), not left to the reader."""
+    path = QUICK.parent / "real_stability.yaml"
+    sweep = load_sweep(path)  # 2100 s per run, 2 at a time
+    assert sweep_cli.main([str(path), "--out", str(tmp_path / "s"), "--dry-run", "--only", "seed=0", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert (sweep.cost.run_s, sweep.cost.jobs) == (2100, 2)
+    assert "expected wall time for the 4 pending runs: 70 min (the sweep file assumes 2100 s per run with 2 at a " \
+           "time; at your --jobs 1, 140 min;" in printed
 
 
 def test_only_rejects_values_outside_the_grid(tmp_path, capsys):

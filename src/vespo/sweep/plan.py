@@ -138,7 +138,9 @@ def print_plan(sweep: Sweep, jobs: list[Job], n_jobs: int = 2) -> None:
     print(f"sweep {sweep.name}: {len(jobs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
     pending, c = counts["start"] + counts["resume"], sweep.cost
     if c is not None and pending:
-        asked = f"; you asked for --jobs {n_jobs}" if n_jobs != c.jobs else ""
+        # at the jobs asked for, with the file's seconds per run (measured at its own count side by side)
+        asked = (f"; at your --jobs {n_jobs}, {pending * c.run_s / min(n_jobs, pending) / 60:.0f} min"
+                 if n_jobs != c.jobs else "")
         print(f"expected wall time for the {pending} pending runs: {c.wall_s(pending) / 60:.0f} min (the sweep file "
               f"assumes {c.run_s:g} s per run with {c.jobs} at a time{asked}" + (f"; {c.note}" if c.note else "") + ")")
     table = pd.DataFrame([{"action": j.action, "run": j.point.name, **(j.protocol or {})} for j in jobs])
