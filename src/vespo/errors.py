@@ -5,7 +5,7 @@ file or row and what to do) and exits with status 2, without a traceback; ``vesp
 or ``VESPO_DEBUG=1`` shows the traceback too. Any other exception is a bug or an environment
 failure and keeps its traceback.
 
-A run that Ctrl-C stops (its step finished and checkpointed) exits with status 130 (``INTERRUPTED``,
+A run that Ctrl-C or SIGTERM stops (its step finished and checkpointed) exits with status 130 (``INTERRUPTED``,
 the shell's code for SIGINT) and its summary says "interrupted", so that a scheduler tells it from
 a finished run and from a failed one.
 

@@ -291,6 +291,50 @@ def test_a_run_stopped_by_ctrl_c_is_interrupted_and_resumed_not_failed(tmp_path)
     assert [j.action for j in plan.plan(load_sweep(path), out)] == ["resume"]
 
 
+@pytest.mark.parametrize("how", ["sigterm_to_the_sweep", "ctrl_c_to_the_group"])
+def test_a_stopped_sweep_starts_no_further_run_and_the_same_command_resumes(tmp_path, how):
+    """SIGTERM to `vespo sweep` alone (what `kill` or a scheduler sends) is passed on to its running run; Ctrl-C
+    reaches every process of the group. Either way the run finishes its step, checkpoints and exits 130
+    (interrupted, not failed), no further run starts, the sweep exits 130, and the same command resumes the one
+    and starts the others. (Before: SIGTERM killed the sweep and left its run going; after Ctrl-C the sweep went
+    on to start every pending run.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "q"
+    argv = [str(QUICK), "--out", str(out), "--jobs", "1", "--only", "seed=0", f"warmstart.cache_dir={tmp_path / 'ws'}",
+            *SMALL, "run.updates=400"]
+    proc = subprocess.Popen([sys.executable, "-m", "vespo.cli", "sweep", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    first, metrics = NAMES[0], out / NAMES[0] / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    if how == "sigterm_to_the_sweep":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, output
+    lab = json.loads((out / first / "lab.json").read_text())
+    assert (lab["status"], lab["returncode"]) == ("interrupted", 130), output
+    assert json.loads((out / first / "summary.json").read_text())["status"] == "interrupted"
+    assert any((out / first / "checkpoints").glob("step-*"))
+    for name in NAMES[1:]:
+        assert not (out / name).exists(), output  # never started
+        assert f"left    {name} (the sweep was stopped" in output
+    stopped = "SIGTERM" if how == "sigterm_to_the_sweep" else "SIGINT"
+    assert f"vespo sweep: stopping ({stopped})" in output and f"vespo sweep: stopped ({stopped})" in output
+    assert json.loads((out / "sessions.jsonl").read_text().splitlines()[-1])["stopped"] == stopped
+    sweep = load_sweep(QUICK)
+    sweep.overrides += argv[7:]
+    assert [j.action for j in plan.plan(sweep, out)] == ["resume", "start", "start", "start"]
+
+
 def test_a_run_the_nonfinite_guard_stopped_is_told_by_its_summary_not_its_log(tmp_path):
     """lab.json's stopped_nonfinite comes from the summary this start of the run wrote (the log may say anything);
     a summary an earlier start left does not count."""

@@ -12,6 +12,9 @@ lab.json). The same command again resumes the sweep: finished runs skipped, othe
 checkpoints, failed ones kept unless --retry-failed; another base config or changed overrides are refused.
 Runs go `--jobs` at a time, one torch thread each, here or as Ray tasks on a cluster (SWEEP_DIR and the
 warm-start cache on a file system every node sees); runs sharing a warm start wait for the first to write it.
+Ctrl-C, or SIGTERM to the sweep alone (`kill`, a scheduler; passed on to the runs it started here, not to Ray
+tasks), stops it: no further run starts, the running ones finish their step, checkpoint and exit 130, the sweep
+exits 130, and the same command resumes.
 """
 
 
@@ -22,7 +25,8 @@ import sys
 from pathlib import Path
 
 from vespo.lab.grid import SweepError, load_sweep
-from vespo.sweep.launch import RayStarter, command, run_all, start_local
+from vespo.errors import INTERRUPTED
+from vespo.sweep.launch import RayStarter, Stopping, command, run_all, start_local
 from vespo.sweep.plan import parse_only, plan, print_plan, restore
 from vespo.sweep.provenance import session
 
@@ -66,8 +70,15 @@ def main(argv: list[str]) -> int:
         return 0
     starter = (contextlib.closing(RayStarter(args.ray_address, args.run_cpus, args.run_gpus, args.jobs))
                if args.ray_address else contextlib.nullcontext(start_local))
-    with starter as start, session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record:
-        failed = run_all(jobs, out, args.jobs, start)
+    with starter as start, session(out, "vespo sweep " + shlex.join(argv), args.jobs) as record, \
+            Stopping() as stopping:
+        failed = run_all(jobs, out, args.jobs, start, stopping)
         record.update(runs=sum(j.action in ("start", "resume") for j in jobs), failed=failed)
+        if stopping.event.is_set():
+            record.update(stopped=stopping.signal)
+    if stopping.event.is_set():
+        print(f"vespo sweep: stopped ({stopping.signal}), {failed} failed; the same command resumes it",
+              file=sys.stderr)
+        return INTERRUPTED
     print(f"vespo sweep: {len(jobs)} runs, {failed} failed; `vespo report {args.out} --out DIR` for the table")
     return 1 if failed else 0

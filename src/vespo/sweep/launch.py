@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -72,14 +73,53 @@ def _run_on_node(args: list[str], log: str) -> int:
     return start_local(args, Path(log)).wait()
 
 
-def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_local) -> int:
-    """Run the pending jobs ``n_jobs`` at a time; returns how many failed."""
+class Stopping:
+    """A sweep asked to stop (Ctrl-C, or SIGTERM from `kill` or a scheduler) starts no further run; SIGTERM is
+    passed on to the runs of this machine it started, which, as Ctrl-C does (the terminal sends that to every
+    process of the group), finish their step, checkpoint and exit 130. The same command resumes them."""
+
+    def __init__(self) -> None:
+        self.event, self.signal, self.running = threading.Event(), None, set()
+        self._previous: dict = {}
+
+    def __enter__(self) -> Stopping:
+        try:
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not in the main thread: leave signals alone
+            self._previous = {}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        first = not self.event.is_set()
+        self.event.set()
+        self.signal = self.signal or signal.Signals(signum).name
+        if signum == signal.SIGTERM:
+            for run in list(self.running):
+                if hasattr(run, "send_signal") and run.poll() is None:
+                    run.send_signal(signal.SIGTERM)
+        if first:
+            print(f"vespo sweep: stopping ({self.signal}): no further run starts; the running ones checkpoint and "
+                  "stop; the same command resumes", flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+
+
+def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_local,
+            stopping: Stopping | None = None) -> int:
+    """Run the pending jobs ``n_jobs`` at a time; returns how many failed. Once ``stopping`` is set no further
+    job starts (each is left as it was: the next call runs it)."""
     pending = [j for j in jobs if j.action in ("start", "resume")]
     locks = {j.warm_key: threading.Lock() for j in pending if j.warm_key} | {"": contextlib.nullcontext()}
+    stopping = stopping or Stopping()
 
     def one(job: Job) -> int:
         log = job.run_dir / TRAIN_LOG
         with locks[job.warm_key]:  # the first of a warm start's runs holds it until the file is there
+            if stopping.event.is_set():
+                print(f"  left    {job.point.name} (the sweep was stopped; the same command runs it)", flush=True)
+                return 0
             job.run_dir.mkdir(parents=True, exist_ok=True)
             if job.action == "resume":
                 _set_aside_uncheckpointed(job.run_dir)
@@ -87,6 +127,9 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
             started, earlier = time.time(), _summary_written(job.run_dir)
             _write_lab(job, {"status": "running", "started": started})
             run = start(command(job, out)[1:], log)  # the node's own Python runs it
+            stopping.running.add(run)
+            if stopping.event.is_set() and stopping.signal == "SIGTERM" and hasattr(run, "send_signal"):
+                run.send_signal(signal.SIGTERM)  # started as the signal came: stopped as the others were
             made = bool(job.warm_key) and not Path(job.warm_key).is_file()
             while job.warm_key and not Path(job.warm_key).is_file() and run.poll() is None:
                 time.sleep(0.5)
@@ -94,12 +137,13 @@ def run_all(jobs: list[Job], out: Path, n_jobs: int, start: Callable = start_loc
                 for line in start_warnings(jobs, {job.warm_key}):
                     print(f"  warning: {line}", flush=True)
         returncode = run.wait()
+        stopping.running.discard(run)
         ok = returncode in (0, INTERRUPTED)
         status = "finished" if returncode == 0 else "interrupted" if returncode == INTERRUPTED else "failed"
         _write_lab(job, {"status": status, "returncode": returncode, "started": started,
                          "ended": time.time(), "stopped_nonfinite": (not ok) and _stopped_nonfinite(job, earlier)})
         shown = {"finished": "done", "interrupted": "stopped", "failed": "FAILED"}[status]
-        said = {"finished": "", "interrupted": " (Ctrl-C; the next call resumes it)",
+        said = {"finished": "", "interrupted": " (Ctrl-C or SIGTERM; the next call resumes it)",
                 "failed": f" (exit {returncode}; see {log})"}[status]
         print(f"  {shown:<7} {job.point.name}{said}", flush=True)
         return 0 if ok else 1

@@ -262,26 +262,29 @@ def progress_bar(enabled: bool) -> Progress:
 
 
 class GracefulInterrupt:
-    """The first Ctrl-C asks the loop to stop after the current step (and checkpoint);
-    a second one interrupts at once."""
+    """The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler or `kill` sends) asks the loop to stop after the
+    current step (and checkpoint); a second one of either interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self) -> "GracefulInterrupt":
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         except ValueError:  # not in the main thread: leave signals alone
-            self._previous = None
+            self._previous = {}
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        console.print("[yellow]interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        console.print(f"[yellow]interrupt ({name}): finishing this step and writing a checkpoint (again to abort)")
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
