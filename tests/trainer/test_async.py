@@ -188,12 +188,14 @@ def test_async_run_with_a_two_rank_learner_learns_survives_a_killed_worker_and_k
     assert abs(sum(rows[-1][f"staleness/lag_hist_{j}"] for j in range(5)) - 1.0) < 1e-9
 
 
-def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(make_cfg, local_ray):
-    cfg = _async(make_cfg, "run.steps=4", "staleness.n=2", "async.max_staleness=1", "async.sync_every=2")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; kill or a scheduler (Ray's own
+def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(make_cfg, local_ray, signum):  # handler exits)
+    cfg = _async(make_cfg, "run.steps=4", "staleness.n=2", "async.max_staleness=1", "async.sync_every=2",
+                 out=f"run_{signum.name}")
 
     def ctrl_c(loop):
         if loop.updates_done == 3:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
     first = train(cfg, on_update=ctrl_c)
     assert first["status"] == "interrupted" and first["updates_done"] == 4  # the rollout step is finished
