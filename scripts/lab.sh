@@ -31,8 +31,10 @@ done
 echo "== $(date -u +%FT%TZ) results page"
 dirs=()
 # the optional *_peers and real-model sweeps (docs/lab.md) join the page when they have run here or have an archive
+# (the order of the page's sections; tests/lab/test_results_page.py holds it to the page's own command)
 for sweep in staleness async lr_range lr_range_async endpoint length_norm asymmetry mismatch mismatch_dense \
-    staleness_peers async_peers mismatch_peers real_staleness; do
+    staleness_peers async_peers mismatch_peers staleness_newer async_newer real_staleness real_mismatch \
+    real_mismatch_bf16 real_stability; do
   # the run directories when this machine has them, else the archive an earlier session committed; the
   # optional sweeps (the real model's runs take hours) also part-way, from their in-progress archives
   # (an in-progress archive is newer than the copy an earlier page wrote under docs/results/)
