@@ -237,7 +237,11 @@ class WarmStartConfig(Section):
     check_every: int = Field(10, ge=1)
     """supervised steps (on_policy: updates) between accuracy checks when target_accuracy is set"""
     lr: Float = Field(1e-3, gt=0.0)
-    """supervised AdamW learning rate (on_policy trains with optim.*)"""
+    """supervised AdamW learning rate (on_policy trains with optim.*; its lr may differ: warmstart.start_lr)"""
+    start_lr: Float | None = Field(None, gt=0.0)
+    """on_policy: the start's learning rate, when it differs from the run's optim.lr (a start made at one step size
+    shared by runs that go on at another: the runs of a learning-rate comparison start from the same weights);
+    unset: optim.lr"""
     batch_size: int = Field(128, ge=1)
     """supervised batch size (on_policy trains on the run's mini-batch)"""
     cache_dir: str = "~/.cache/vespo/warmstart"
@@ -494,10 +498,14 @@ def _rules(c: Config, ranks: int, torchrun: bool):
         f"run.compile=true cannot run with rollout.router_replay={r.router_replay}: compiled layers ignore the replay "
         "hooks; set run.compile=false (replay is a no-op on a dense model: there, set rollout.router_replay=none)")
     w = c.warmstart
-    given = sorted(w.model_fields_set & {"lr", "batch_size"})
+    # against the defaults, not the fields given: a run's own config.yaml (every field written) loads again
+    given = [name for name in ("batch_size", "lr") if getattr(w, name) != WarmStartConfig.model_fields[name].default]
     yield w.enabled and w.kind == "on_policy" and given, (
         f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
-        "optim.* on the run's own mini-batch")
+        "optim.* on the run's own mini-batch (its learning rate: warmstart.start_lr)")
+    yield w.start_lr is not None and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
+        "warmstart.start_lr is the learning rate of an on-policy start, which this run does not make (it needs "
+        "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0; a supervised start's is warmstart.lr)")
     lora = c.model.lora
     given = [name for name in ("alpha", "target_modules", "dropout")
              if getattr(lora, name) != LoraConfig.model_fields[name].default]

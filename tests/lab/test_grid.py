@@ -7,6 +7,7 @@ import yaml
 
 from vespo.lab.collapse import RULE
 from vespo.lab.grid import Sweep, SweepError, load_sweep
+from vespo.trainer.warmstart import on_policy_dir
 
 
 def _write(tmp_path, data, name="s.yaml"):
@@ -78,7 +79,8 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
                                                "async", "lr_range", "lr_range_async", "mismatch", "mismatch_dense",
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
                                                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness",
-                                               "real_stability", "real_mismatch", "real_mismatch_bf16"}
+                                               "real_stability", "real_mismatch", "real_mismatch_bf16",
+                                               "real_reference"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -96,6 +98,11 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
             if stem == "real_stability":  # a stability test: a shared on-policy start, >= 8 rollout batches at N = 16
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 assert cfg.steps >= 8 or cfg.staleness.n == 1, name
+            if stem == "real_reference":  # the pilot's reference at smaller steps, from the pilot's own starts
+                pilot = {c.run.seed: c for st, _, c in points if st == "real_stability"}
+                assert on_policy_dir(cfg) == on_policy_dir(pilot[cfg.run.seed]), name
+                assert (cfg.staleness.n, cfg.loss.name, cfg.run.updates) == (1, "vespo", 128), name
+                assert cfg.optim.lr < cfg.warmstart.start_lr == 3e-5, name
             if stem.startswith("real_mismatch"):  # the engine's bf16 against the learner is the only gap: N = 1
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 autocast = stem == "real_mismatch_bf16"  # a float32 learner, or bf16-mixed in the second arm
@@ -218,7 +225,7 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
                 "mismatch_peers", "staleness_newer", "async_newer", "real_staleness", "real_stability", "real_mismatch",
-                "real_mismatch_bf16"]
+                "real_mismatch_bf16", "real_reference"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():

@@ -59,6 +59,13 @@ def test_the_start_is_the_seeds_own_first_on_policy_updates(make_cfg, pretrained
     other = [start_cfg(make_cfg, pretrained, tmp_path, o) for o in ("run.seed=1", "optim.lr=1e-4",
                                                                      "rollout.temperature=0.8")]
     assert len({on_policy_dir(c) for c in other} | {on_policy_dir(cfg)}) == 4
+    # a run that goes on at another step size from a start made at this one (warmstart.start_lr): the same start
+    slower = start_cfg(make_cfg, pretrained, tmp_path, "optim.lr=1e-4", "warmstart.start_lr=3e-4")
+    assert on_policy_dir(slower) == on_policy_dir(cfg) and on_policy_config(slower).optim.lr == 3e-4
+    assert slower.optim.lr == 1e-4 and on_policy_dir(other[1]) != on_policy_dir(cfg)
+    # start_lr only where it acts: at the start's own lr it is the same start as no start_lr
+    same_lr = start_cfg(make_cfg, pretrained, tmp_path, "warmstart.start_lr=3e-4")
+    assert on_policy_dir(same_lr) == on_policy_dir(cfg)
 
 
 def test_two_conditions_of_a_seed_start_from_one_cached_start(make_cfg, pretrained, tmp_path):
@@ -69,6 +76,13 @@ def test_two_conditions_of_a_seed_start_from_one_cached_start(make_cfg, pretrain
     made = warmstart_cache_path(a).stat().st_mtime_ns
     second = train(b)
     assert warmstart_cache_path(b).stat().st_mtime_ns == made  # read, not made again
+    # a run at another step size from the same start (warmstart.start_lr = the start's): read too, same "before"
+    c = start_cfg(make_cfg, pretrained, tmp_path, "optim.lr=1e-4", "warmstart.start_lr=3e-4", out="c")
+    third = train(c)
+    assert warmstart_cache_path(c).stat().st_mtime_ns == made and third["eval_before"] == record["eval"]
+    # a run's own config.yaml (every field written out) loads again as the same config
+    for cfg in (a, c):
+        assert to_dict(load_config(cfg.run.out_dir + "/config.yaml")) == to_dict(cfg)
     assert record["updates"] == 4 and record["target_reached"] is True  # no target: all its updates
     start_rows = (on_policy_dir(a) / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(start_rows) == 4  # four on-policy updates, one row each (N = 1)
@@ -114,7 +128,13 @@ def test_an_until_rule_stops_a_run_after_an_evaluation(make_cfg, tmp_path):
 
 
 def test_supervised_settings_are_refused_with_an_on_policy_start(make_cfg):
-    with pytest.raises(ConfigError, match="warmstart.lr applies to warmstart.kind=supervised"):
-        make_cfg("warmstart.kind=on_policy", "warmstart.lr=1e-3")
+    for given in ("warmstart.lr=3e-3", "warmstart.batch_size=64"):
+        with pytest.raises(ConfigError, match=given.split("=")[0] + " applies to warmstart.kind=supervised"):
+            make_cfg("warmstart.kind=on_policy", given)
+    # the start's learning rate acts only where an on-policy start is made
+    for other in (["warmstart.kind=supervised"], ["warmstart.kind=on_policy", "warmstart.enabled=false"],
+                  ["warmstart.kind=on_policy", "warmstart.steps=0"]):
+        with pytest.raises(ConfigError, match="warmstart.start_lr is the learning rate of an on-policy start"):
+            make_cfg(*other, "warmstart.start_lr=1e-4")
     cfg = make_cfg("warmstart.kind=on_policy")
     assert to_dict(cfg)["warmstart"]["kind"] == "on_policy"

@@ -17,6 +17,7 @@ the merged one, on which the run puts fresh adapters.
     applies(cfg)                  whether a run warm-starts (the one rule; the sweep planner asks it too)
     warmstart_cache_path(cfg)     the file whose presence says the start is ready
     on_policy_config(cfg)         the start's own run config (trainer/loop.py runs it before the run)
+    start_lr(cfg)                 its learning rate (warmstart.start_lr, else optim.lr)
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def on_policy_config(cfg: Config) -> Config:
     data = to_dict(cfg)
     w = cfg.warmstart
     data["loss"] = {"name": "vespo"}
+    data["optim"] = {**data["optim"], "lr": start_lr(cfg)}
     data["staleness"] = {**data["staleness"], "n": 1, "minibatch_prompts": cfg.prompts_per_minibatch,
                          "behavior": _start_behavior(cfg)}
     data["rollout"]["prompts_per_step"] = cfg.prompts_per_minibatch
@@ -150,6 +152,11 @@ def on_policy_config(cfg: Config) -> Config:
                    "eval_every_updates": w.check_every if w.target_accuracy > 0 else 0,
                    "checkpoint_every": 0, "save_policy_every": 0}
     return from_dict(data)
+
+
+def start_lr(cfg: Config) -> float:
+    """The learning rate of the on-policy start's updates: warmstart.start_lr where set, else the run's optim.lr."""
+    return cfg.optim.lr if cfg.warmstart.start_lr is None else cfg.warmstart.start_lr
 
 
 def _start_behavior(cfg: Config) -> str:
@@ -173,6 +180,8 @@ def on_policy_dir(cfg: Config) -> Path:
     run = data.pop("run")
     data["run"] = {k: run[k] for k in ("seed", "threads", "eval_every_size") if k in run}
     data["warmstart"].pop("cache_dir")
+    data["warmstart"].pop("start_lr", None)  # what acts is the start's lr, wherever it is set (the keys made before)
+    data["optim"]["lr"] = start_lr(cfg)
     if not cfg.model.lora.rank:  # LoRA off: the key of the starts made before model.lora existed
         data["model"].pop("lora")
     data["version"] = 1
@@ -217,6 +226,7 @@ def _cache_path(cfg: Config) -> Path:
     if cfg.warmstart.target_accuracy > 0:  # the probe samples with the rollout settings
         key["sampling"] = [cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens]
     key["warmstart"].pop("cache_dir")
+    key["warmstart"].pop("start_lr", None)  # refused with a supervised start
     key["model"].pop("lora")  # the supervised start trains the whole model; LoRA's adapters go on top of it
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{cfg.task.name}-{cfg.model.arch}-{cfg.model.size}-seed{cfg.run.seed}-{digest}.safetensors"
