@@ -505,7 +505,8 @@ def _rules(c: Config, ranks: int, torchrun: bool):
         "optim.* on the run's own mini-batch (its learning rate: warmstart.start_lr)")
     yield w.start_lr is not None and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
         "warmstart.start_lr is the learning rate of an on-policy start, which this run does not make (it needs "
-        "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0; a supervised start's is warmstart.lr)")
+        "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0; a supervised start's is "
+        "warmstart.lr)")
     lora = c.model.lora
     given = [name for name in ("alpha", "target_modules", "dropout")
              if getattr(lora, name) != LoraConfig.model_fields[name].default]
