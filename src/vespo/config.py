@@ -236,6 +236,10 @@ class WarmStartConfig(Section):
     problems (the first run.eval_every_size of them, else all)"""
     check_every: int = Field(10, ge=1)
     """supervised steps (on_policy: updates) between accuracy checks when target_accuracy is set"""
+    min_accuracy: Float = Field(0.0, ge=0.0, le=1.0)
+    """on_policy: the least held-out sampled accuracy the start must end with for a run to train from it; a start
+    below it (on the floor, where its conditions have nothing to fall from) stops every run of its seed before
+    training, with an error naming the seed and the start (the lab then replaces the seed); 0: any start"""
     lr: Float = Field(1e-3, gt=0.0)
     """supervised AdamW learning rate (on_policy trains with optim.*; its lr may differ: warmstart.start_lr)"""
     start_lr: Float | None = Field(None, gt=0.0)
@@ -503,6 +507,9 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield w.enabled and w.kind == "on_policy" and given, (
         f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
         "optim.* on the run's own mini-batch (its learning rate: warmstart.start_lr)")
+    yield w.min_accuracy > 0 and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
+        "warmstart.min_accuracy judges an on-policy start, which this run does not make (it needs "
+        "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0)")
     yield w.start_lr is not None and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
         "warmstart.start_lr is the learning rate of an on-policy start, which this run does not make (it needs "
         "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0; a supervised start's is "

@@ -67,6 +67,10 @@ class ResumeError(UserError, ValueError):
     """A run cannot be resumed from its checkpoint (none there, or written for another config)."""
 
 
+class StartError(UserError, ValueError):
+    """The seed's shared on-policy start is below warmstart.min_accuracy: no run trains from it."""
+
+
 class CheckpointError(UserError, ValueError):
     """A checkpoint is incomplete, unreadable, or holds objects whose loading could run code."""
 

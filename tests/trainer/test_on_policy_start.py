@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from vespo.config import ConfigError, load_config, to_dict
+from vespo.errors import StartError
 from vespo.trainer import train
 from vespo.trainer.warmstart import on_policy_config, on_policy_dir, start_policy_dir, warmstart_cache_path
 
@@ -96,6 +97,22 @@ def test_two_conditions_of_a_seed_start_from_one_cached_start(make_cfg, pretrain
     assert max((start[k] - base[k]).abs().max().item() for k in base) > 1e-4
 
 
+def test_no_run_trains_from_a_start_below_its_floor(make_cfg, pretrained, tmp_path):
+    cfg = start_cfg(make_cfg, pretrained, tmp_path, out="a")
+    first = train(cfg)  # the start is made (no floor), and a run trains from it
+    accuracy = json.loads(warmstart_cache_path(cfg).read_text())["eval"]["reward_sampled"]
+    assert first["eval_before"]["reward_sampled"] == accuracy
+    # the floor judges the start, it does not make another one
+    above = start_cfg(make_cfg, pretrained, tmp_path, f"warmstart.min_accuracy={min(1.0, accuracy + 0.01)}", out="b")
+    assert on_policy_dir(above) == on_policy_dir(cfg)
+    with pytest.raises(StartError, match=rf"start of seed 0 ended at held-out sampled accuracy {accuracy:.3f} after 4 "
+                                         r"updates, below warmstart.min_accuracy=.*exclude: \[\{seed: \[\"0\"\]\}\]"):
+        train(above)
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()  # nothing trained
+    at = start_cfg(make_cfg, pretrained, tmp_path, f"warmstart.min_accuracy={accuracy}", out="c")
+    assert train(at)["eval_before"] == first["eval_before"]  # at the floor it trains
+
+
 def test_the_held_out_before_of_a_start_is_what_the_run_would_measure(make_cfg, pretrained, tmp_path):
     cfg = start_cfg(make_cfg, pretrained, tmp_path, out="a")
     train(cfg)
@@ -136,5 +153,7 @@ def test_supervised_settings_are_refused_with_an_on_policy_start(make_cfg):
                   ["warmstart.kind=on_policy", "warmstart.steps=0"]):
         with pytest.raises(ConfigError, match="warmstart.start_lr is the learning rate of an on-policy start"):
             make_cfg(*other, "warmstart.start_lr=1e-4")
+        with pytest.raises(ConfigError, match="warmstart.min_accuracy judges an on-policy start"):
+            make_cfg(*other, "warmstart.min_accuracy=0.05")
     cfg = make_cfg("warmstart.kind=on_policy")
     assert to_dict(cfg)["warmstart"]["kind"] == "on_policy"

@@ -51,7 +51,7 @@ from vespo.trainer.run import Run, build_run, check_installed
 from vespo.trainer.runlog import (GracefulInterrupt, RunLog, check_new_run_dir, console, hold_run_dir, plain_every,
                                   progress_bar, step_line)
 from vespo.trainer.sources import LocalSource
-from vespo.trainer.warmstart import applies, on_policy_config, warmstart_cache_path
+from vespo.trainer.warmstart import applies, check_start, on_policy_config, warmstart_cache_path
 
 UpdateHook = Callable[["Loop"], None]
 StopRule = Callable[[dict], bool]  # a metrics row with a held-out evaluation -> stop the run here
@@ -80,6 +80,7 @@ def train(cfg: Config, resume: bool = False, on_update: UpdateHook | None = None
         checkpoint = resume_checkpoint(cfg, dist) if resume else None  # refused here, before anything is built
         if applies(cfg) and cfg.warmstart.kind == "on_policy":
             make_on_policy_start(cfg)
+            check_start(cfg)  # not from a start on the floor (warmstart.min_accuracy)
         stack.push(lambda exc_type, exc, tb: shutdown(dist, clean=exc_type is None))
         run = stack.enter_context(build_run_in_turn(cfg, dist))
         if cfg.run.mode == "async":

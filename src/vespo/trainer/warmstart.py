@@ -18,6 +18,7 @@ the merged one, on which the run puts fresh adapters.
     warmstart_cache_path(cfg)     the file whose presence says the start is ready
     on_policy_config(cfg)         the start's own run config (trainer/loop.py runs it before the run)
     start_lr(cfg)                 its learning rate (warmstart.start_lr, else optim.lr)
+    check_start(cfg)              refuses a start below warmstart.min_accuracy
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vespo.config import Config, from_dict, to_dict
+from vespo.errors import StartError
 from vespo.models import encode_prompt, response_logprobs
 from vespo.rollout.base import SamplingParams
 
@@ -181,6 +183,7 @@ def on_policy_dir(cfg: Config) -> Path:
     data["run"] = {k: run[k] for k in ("seed", "threads", "eval_every_size") if k in run}
     data["warmstart"].pop("cache_dir")
     data["warmstart"].pop("start_lr", None)  # what acts is the start's lr, wherever it is set (the keys made before)
+    data["warmstart"].pop("min_accuracy", None)  # judges the start, does not make it
     data["optim"]["lr"] = start_lr(cfg)
     if not cfg.model.lora.rank:  # LoRA off: the key of the starts made before model.lora existed
         data["model"].pop("lora")
@@ -193,6 +196,20 @@ def on_policy_dir(cfg: Config) -> Path:
 def read_start(cfg: Config) -> dict:
     """The on-policy start's record (updates, held-out evaluation of its weights, whether it met its target)."""
     return json.loads(warmstart_cache_path(cfg).read_text())
+
+
+def check_start(cfg: Config) -> None:
+    """Refuse to train from an on-policy start below warmstart.min_accuracy (StartError, naming seed and start)."""
+    floor = cfg.warmstart.min_accuracy
+    record = read_start(cfg)
+    accuracy = float(record["eval"].get("reward_sampled", float("nan")))
+    if floor > 0 and not accuracy >= floor:
+        raise StartError(
+            f"the on-policy start of seed {cfg.run.seed} ended at held-out sampled accuracy {accuracy:.3f} after "
+            f"{record['updates']} updates, below warmstart.min_accuracy={floor:g}: no run of this seed trains from it "
+            f"(its conditions would have nothing to fall from). Replace the seed (in a sweep file: exclude it, "
+            f"`exclude: [{{seed: [\"{cfg.run.seed}\"]}}]`, and add the next unused seed), or lower "
+            f"warmstart.min_accuracy. The start: {on_policy_dir(cfg)}")
 
 
 def start_policy_dir(cfg: Config) -> Path:
@@ -226,7 +243,8 @@ def _cache_path(cfg: Config) -> Path:
     if cfg.warmstart.target_accuracy > 0:  # the probe samples with the rollout settings
         key["sampling"] = [cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens]
     key["warmstart"].pop("cache_dir")
-    key["warmstart"].pop("start_lr", None)  # refused with a supervised start
+    for name in ("start_lr", "min_accuracy"):  # refused with a supervised start
+        key["warmstart"].pop(name, None)
     key["model"].pop("lora")  # the supervised start trains the whole model; LoRA's adapters go on top of it
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{cfg.task.name}-{cfg.model.arch}-{cfg.model.size}-seed{cfg.run.seed}-{digest}.safetensors"
