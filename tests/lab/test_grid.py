@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vespo.config import to_dict
 from vespo.lab.collapse import RULE
 from vespo.lab.grid import Sweep, SweepError, load_sweep
 from vespo.trainer.warmstart import on_policy_dir
@@ -80,7 +81,7 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
                                                "adaptive_failure", "endpoint", "staleness_peers", "async_peers",
                                                "mismatch_peers", "staleness_newer", "async_newer", "real_staleness",
                                                "real_stability", "real_mismatch", "real_mismatch_bf16",
-                                               "real_reference"}
+                                               "real_reference", "real_stability_v2"}
     for stem, name, cfg in points:
         # the collapse rule's evidence: held-out evaluations after the same updates at every N
         assert cfg.run.eval_every_updates > 0 and cfg.run.eval_every_updates % cfg.staleness.n == 0, (stem, name)
@@ -95,14 +96,19 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
             assert (cfg.loss.options.eps_low, cfg.loss.options.eps_high) == (0.2, 0.28), (stem, name)
         if stem.startswith("real_"):  # the real-model recipe: its own task,
             assert cfg.task.name == "rg:chain_sum" and cfg.task.eval_size >= 256, name  # a smaller held-out set
-            if stem == "real_stability":  # a stability test: a shared on-policy start, >= 8 rollout batches at N = 16
+            if stem.startswith("real_stability"):  # a stability test: a shared on-policy start, >= 8 rollout batches
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 assert cfg.steps >= 8 or cfg.staleness.n == 1, name
-            if stem == "real_reference":  # the pilot's reference at smaller steps, from the pilot's own starts
+            if stem in ("real_reference", "real_stability_v2"):  # at a smaller step, from the first pilot's starts
                 pilot = {c.run.seed: c for st, _, c in points if st == "real_stability"}
                 assert on_policy_dir(cfg) == on_policy_dir(pilot[cfg.run.seed]), name
-                assert (cfg.staleness.n, cfg.loss.name, cfg.run.updates) == (1, "vespo", 128), name
-                assert cfg.optim.lr < cfg.warmstart.start_lr == 3e-5, name
+                assert cfg.optim.lr < cfg.warmstart.start_lr == 3e-5 and cfg.run.updates == 128, name
+            if stem == "real_reference":  # the reference alone
+                assert (cfg.staleness.n, cfg.loss.name) == (1, "vespo"), name
+            if stem == "real_stability_v2":  # real_stability but the step after the start, and the floor enforced
+                assert cfg.optim.lr == 1e-5 and cfg.warmstart.min_accuracy == 0.05, name
+                first = next(c for st, n, c in points if st == "real_stability" and n == name)
+                assert _but_the_step(first) == _but_the_step(cfg), name
             if stem.startswith("real_mismatch"):  # the engine's bf16 against the learner is the only gap: N = 1
                 assert cfg.warmstart.enabled and cfg.warmstart.kind == "on_policy", name
                 autocast = stem == "real_mismatch_bf16"  # a float32 learner, or bf16-mixed in the second arm
@@ -114,6 +120,13 @@ def test_every_shipped_lab_config_follows_the_protocol(shipped_points):
             assert (cfg.run.eval_every_updates, cfg.run.eval_every_size) == (RULE.every, 256), (stem, name)
         if stem not in ("quick", "staleness_short"):  # answers of >= 16 letters + EOS
             assert cfg.task.name == "reverse" and cfg.task.options["length"] >= 16, (stem, name)
+
+
+def _but_the_step(cfg) -> dict:
+    """A config without the step size after the start and the start's floor (what real_stability_v2 changes)."""
+    data = to_dict(cfg)
+    data["optim"].pop("lr"), data["warmstart"].pop("start_lr"), data["warmstart"].pop("min_accuracy")
+    return data
 
 
 def _seeds_per(stem: str, axis: str = "loss") -> dict[str, int]:
@@ -225,7 +238,7 @@ def budget_table(paths: list[Path], repo: Path, out_root: str = "runs/lab") -> t
 BUDGET_ORDER = ["staleness", "async", "lr_range", "lr_range_async", "endpoint", "length_norm", "asymmetry", "mismatch",
                 "mismatch_dense", "staleness_short", "adaptive_failure", "quick", "staleness_peers", "async_peers",
                 "mismatch_peers", "staleness_newer", "async_newer", "real_staleness", "real_stability", "real_mismatch",
-                "real_mismatch_bf16", "real_reference"]
+                "real_mismatch_bf16", "real_reference", "real_stability_v2"]
 
 
 def test_the_budget_table_in_the_docs_is_the_sweep_files_and_fits_8_hours():
@@ -246,7 +259,7 @@ def test_sizing_reaches_the_record_with_its_defaults(tmp_path):
     assert Sweep.from_record(sweep.record()).sizing == sweep.sizing
     plain = load_sweep(_write(tmp_path, {"grid": grid}))
     assert plain.sizing is None and "sizing" not in plain.record()  # a record without it reads as before
-    for stem in ("real_stability", "real_mismatch", "real_mismatch_bf16"):
+    for stem in ("real_stability", "real_mismatch", "real_mismatch_bf16", "real_stability_v2"):
         assert load_sweep(LAB / f"{stem}.yaml").sizing.delta == 0.05
 
 
