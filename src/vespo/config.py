@@ -507,10 +507,11 @@ def _rules(c: Config, ranks: int, torchrun: bool):
     yield w.enabled and w.kind == "on_policy" and given, (
         f"warmstart.{given[0] if given else ''} applies to warmstart.kind=supervised; an on-policy start trains with "
         "optim.* on the run's own mini-batch (its learning rate: warmstart.start_lr)")
-    yield w.min_accuracy > 0 and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
+    makes_start = w.enabled and w.kind == "on_policy" and w.steps > 0  # the on-policy start's own settings act
+    yield w.min_accuracy > 0 and not makes_start, (
         "warmstart.min_accuracy judges an on-policy start, which this run does not make (it needs "
         "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0)")
-    yield w.start_lr is not None and not (w.enabled and w.kind == "on_policy" and w.steps > 0), (
+    yield w.start_lr is not None and not makes_start, (
         "warmstart.start_lr is the learning rate of an on-policy start, which this run does not make (it needs "
         "warmstart.enabled=true, warmstart.kind=on_policy and warmstart.steps > 0; a supervised start's is "
         "warmstart.lr)")

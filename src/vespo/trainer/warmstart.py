@@ -201,9 +201,11 @@ def read_start(cfg: Config) -> dict:
 def check_start(cfg: Config) -> None:
     """Refuse to train from an on-policy start below warmstart.min_accuracy (StartError, naming seed and start)."""
     floor = cfg.warmstart.min_accuracy
+    if floor == 0:
+        return
     record = read_start(cfg)
     accuracy = float(record["eval"].get("reward_sampled", float("nan")))
-    if floor > 0 and not accuracy >= floor:
+    if not accuracy >= floor:
         raise StartError(
             f"the on-policy start of seed {cfg.run.seed} ended at held-out sampled accuracy {accuracy:.3f} after "
             f"{record['updates']} updates, below warmstart.min_accuracy={floor:g}: no run of this seed trains from it "
